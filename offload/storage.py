@@ -1,0 +1,212 @@
+"""The storage tier's contract: a persistent page store below the host pool.
+
+A storage backend keeps whole pages (page-first bytes, as in the host pool)
+under their 16-byte page keys. Keys come from the radix tree: a chained hash
+that already binds the namespace and the whole parent prefix, so a key names
+one page of one prefix. The backend additionally binds every key to the
+``ModelFingerprint`` it was opened with (invariant 8), so pages written for
+another model, KV layout or tensor-parallel rank are never hits.
+
+Threads and ownership
+---------------------
+Every method is called by the owner thread (the model runner's scheduler
+loop). ``longest_prefix`` and ``stats`` answer at once; ``get``, ``put``,
+``delete`` and ``forget_namespace`` hand the work to the backend's own threads
+and return a ``Ticket``. The owner harvests tickets in one place (its poll);
+nothing here ever calls back into the tree.
+
+Ordering of stores and removals
+-------------------------------
+A key appears in ``take_removed()`` only after every put ticket that stored
+it has finished. An owner that, in each poll, first calls ``take_removed()``
+and then harvests its finished tickets, applying stores before those
+removals, therefore sees every key's stores and removals in their real order
+(``store(DISK)`` is published before ``remove(DISK)``, invariant 5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from transfer.host import HostKVBuffer
+from transfer.ticket import FutureTicket, Ticket
+
+KEY_BYTES = 16  # length of a page key from the radix tree
+
+TokenPages = npt.NDArray[np.int32]  # [n, P] token ids, one row per page
+HostPages = npt.NDArray[np.int32]  # [n] host page ids, one per key
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed (LMDB error, store full); tickets carry it."""
+
+
+class StorageOpenError(OSError):
+    """The store could not be opened (e.g. its directory is not writable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFingerprint:
+    """What a stored page's KV depends on besides its tokens (invariant 8)."""
+
+    model_id: str  # model name or path, as the runner loaded it
+    spec: str  # KVSpec.describe(): layers, heads, head dim, dtype, page size
+    tp_rank: int  # tensor-parallel rank: each rank holds other heads
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_id, str) or not self.model_id:
+            raise ValueError(f"model_id must be a non-empty str, got {self.model_id!r}")
+        if not isinstance(self.spec, str) or not self.spec:
+            raise ValueError(f"spec must be a non-empty str (KVSpec.describe()), got {self.spec!r}")
+        if not isinstance(self.tp_rank, int) or isinstance(self.tp_rank, bool) or self.tp_rank < 0:
+            raise ValueError(f"tp_rank must be a non-negative int, got {self.tp_rank!r}")
+
+    def describe(self) -> str:
+        """A stable one-line text form (stored in the store's meta record)."""
+        return f"model={self.model_id};{self.spec};tp_rank={self.tp_rank}"
+
+    def digest(self) -> bytes:
+        """8 bytes that change whenever any field changes."""
+        return hashlib.blake2b(self.describe().encode(), digest_size=8).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class StorageStats:
+    """A snapshot of a storage backend's counters (since it was opened)."""
+
+    records: int  # records in the store now (every fingerprint)
+    stored_bytes: int  # bytes of those records' values
+    capacity_bytes: int  # the configured limit on stored_bytes
+    hits: int  # pages served by get(), verified
+    misses: int  # pages asked of get() and not served
+    corrupt: int  # records that failed a checksum or token check (deleted)
+    evicted: int  # records evicted, least recently used first, to make room
+    deleted: int  # records removed by delete() or forget_namespace()
+    puts: int  # pages written
+    put_skipped: int  # pages a put found already stored (not rewritten)
+    write_txns: int  # committed write transactions
+    map_full: int  # times the LMDB map filled up and records were evicted
+    failed_ops: int  # tickets failed by a storage error
+    queued_writes: int  # write jobs waiting for the writer thread
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """A persistent page store, keyed by page key, bound to one fingerprint."""
+
+    def longest_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are committed to the store.
+
+        Synchronous and cheap (no page bytes are read, nothing is verified):
+        a later ``get`` may still find fewer pages, e.g. a corrupt record.
+        Mutates nothing.
+        """
+        ...
+
+    def get(
+        self, keys: Sequence[bytes], tokens: TokenPages, host: HostKVBuffer, host_pages: HostPages
+    ) -> Ticket:
+        """Read the pages of ``keys`` into ``host`` pages ``host_pages``.
+
+        ``tokens[i]`` are the token ids the page of ``keys[i]`` must hold.
+        Every page read is verified (checksum of its bytes, stored tokens
+        equal ``tokens[i]``); a page that fails is a miss, its record is
+        deleted and counted as corrupt. Reading stops at the first miss.
+
+        The ticket's result is the number ``n`` of LEADING pages read and
+        verified: host pages ``host_pages[:n]`` hold them bit-exactly; the
+        later host pages are unspecified (they may have been written). The
+        caller owns ``host_pages`` and must not touch them until the ticket
+        is done. A storage error fails the ticket.
+        """
+        ...
+
+    def put(
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages,
+        host: HostKVBuffer,
+        host_pages: HostPages,
+        namespace: bytes,
+    ) -> Ticket:
+        """Write the host pages ``host_pages`` as the pages of ``keys``.
+
+        ``namespace`` tags the records for ``forget_namespace``. A key that
+        is already stored is left as it is (not rewritten). The writer reads
+        the host pages later, on its own thread: the caller must leave them
+        untouched until the ticket is done.
+
+        The ticket's result is the number ``n`` of LEADING keys that are in
+        the store once the write transaction committed (written now or found
+        there); fewer than ``len(keys)`` only when the store cannot make room.
+        A storage error fails the ticket (nothing of it is committed).
+        """
+        ...
+
+    def delete(self, keys: Sequence[bytes]) -> Ticket:
+        """Remove the records of ``keys``; result: how many existed."""
+        ...
+
+    def forget_namespace(self, namespace: bytes) -> Ticket:
+        """Remove every record put under ``namespace``; result: how many."""
+        ...
+
+    def take_removed(self) -> list[bytes]:
+        """Page keys removed since the last call (eviction, corruption,
+        ``delete``, ``forget_namespace``), in removal order. Keys that were
+        never stored do not appear. Hands the list over and clears it."""
+        ...
+
+    def stats(self) -> StorageStats:
+        """A snapshot of the counters."""
+        ...
+
+    def close(self) -> None:
+        """Commit every queued write, finish every ticket, stop the threads.
+
+        Idempotent. After it, every other method raises RuntimeError.
+        """
+        ...
+
+
+class NullStorage:
+    """The storage tier when it is disabled: stores nothing, finds nothing."""
+
+    def longest_prefix(self, keys: Sequence[bytes]) -> int:
+        return 0
+
+    def get(
+        self, keys: Sequence[bytes], tokens: TokenPages, host: HostKVBuffer, host_pages: HostPages
+    ) -> Ticket:
+        return FutureTicket.completed(0)
+
+    def put(
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages,
+        host: HostKVBuffer,
+        host_pages: HostPages,
+        namespace: bytes,
+    ) -> Ticket:
+        return FutureTicket.completed(0)
+
+    def delete(self, keys: Sequence[bytes]) -> Ticket:
+        return FutureTicket.completed(0)
+
+    def forget_namespace(self, namespace: bytes) -> Ticket:
+        return FutureTicket.completed(0)
+
+    def take_removed(self) -> list[bytes]:
+        return []
+
+    def stats(self) -> StorageStats:
+        return StorageStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    def close(self) -> None:
+        return None

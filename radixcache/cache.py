@@ -1,0 +1,356 @@
+"""RadixCache: the KV allocator a model runner drives every step.
+
+Lifecycle of one request (all calls on the runner's thread)::
+
+    req = cache.admit(prompt)          match + lock the cached prefix
+    cache.reserve(req, n)              pages for the next n positions (prefill chunk or decode)
+    ... runner writes K/V at cache.kv.slots(req.page_table, req.num_computed, n) ...
+    cache.extend(req, [new_token])     (decode) tokens sampled by the runner
+    cache.commit(req, n)               n computed tokens; full pages join the tree
+    cache.release(req)                 unlock; private pages go back to the pool
+
+A committed page is shared at once: a request admitted later (or concurrently
+in the same batch) that has the same prefix reuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixcache.errors import OutOfPagesError, RequestStateError
+from radixcache.eviction import make_eviction_policy
+from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
+from radixcache.node import Node, PageIds
+from radixcache.request import Request
+from radixcache.stats import CacheStats, Counters
+from radixcache.tokens import as_tokens
+from radixcache.tree import RadixTree
+from transfer import DeviceKVBuffer, KVSpec, PageAllocator
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Configuration of the device tier and the index.
+
+    Give the device pool size as ``device_pages`` or ``device_bytes`` (exactly
+    one). ``allocate_kv=False`` runs the same index and page accounting with
+    no KV tensors (capacity planning, trace replay).
+    """
+
+    spec: KVSpec  # KV geometry; its page_size is the tree's page size
+    device_pages: int | None = None  # device pool size in pages
+    device_bytes: int | None = None  # ...or in bytes (whole pages are kept)
+    device: str = "cpu"  # "cuda" when present, else the CPU
+    eviction_policy: str = "lru"  # lru, lfu, fifo, priority (see radixcache.eviction)
+    allocate_kv: bool = True  # False: index and pools only, no KV tensors
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, KVSpec):
+            raise TypeError(f"spec must be a KVSpec, got {type(self.spec).__name__}")
+        if (self.device_pages is None) == (self.device_bytes is None):
+            raise ValueError("give exactly one of device_pages or device_bytes")
+        if self.device_pages is not None and (
+            not isinstance(self.device_pages, int) or self.device_pages <= 0
+        ):
+            raise ValueError(f"device_pages must be a positive int, got {self.device_pages!r}")
+        if self.device_bytes is not None and self.device_bytes < self.spec.page_bytes:
+            raise ValueError(
+                f"device_bytes={self.device_bytes} holds no page of {self.spec.page_bytes} B"
+            )
+        make_eviction_policy(self.eviction_policy)  # validates the name
+
+    @property
+    def num_device_pages(self) -> int:
+        if self.device_pages is not None:
+            return self.device_pages
+        assert self.device_bytes is not None
+        return self.device_bytes // self.spec.page_bytes
+
+
+class RadixCache:
+    """Prefix-sharing KV allocator over a device page pool.
+
+    Owns the tree, the device page pool and the KV buffer. Single-threaded:
+    every method must be called from the owner (scheduler) thread.
+    """
+
+    def __init__(self, config: CacheConfig) -> None:
+        self.config = config
+        self.spec = config.spec
+        self.page_size = config.spec.page_size
+        num_pages = config.num_device_pages
+        self.kv: DeviceKVBuffer | None = (
+            DeviceKVBuffer(config.spec, num_pages, config.device) if config.allocate_kv else None
+        )
+        self.pool = PageAllocator(num_pages, "device")
+        self.tree = RadixTree(self.page_size, make_eviction_policy(config.eviction_policy))
+        self.counters = Counters()
+        self._live: dict[int, Request] = {}
+        self._next_rid = 0
+        self._forgotten: set[Namespace] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    def admit(
+        self,
+        tokens: object,
+        namespace: Namespace = DEFAULT_NAMESPACE,
+        priority: int = 0,
+    ) -> Request:
+        """Start a request: match its cached prefix and lock it.
+
+        ``tokens`` is the prompt (numpy int array, CPU tensor or list). At
+        least one token is always left to compute, so the runner gets logits
+        for the last one. Returns a handle whose ``cached_len`` tokens are
+        already in ``page_table``.
+        """
+        if not isinstance(namespace, Namespace):
+            raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        arr = as_tokens(tokens, "prompt")
+        if arr is tokens:
+            arr = arr.copy()  # never keep a reference the caller may mutate
+        req = Request(self._next_rid, namespace, arr, priority)
+        self._next_rid += 1
+        usable = arr[: max(arr.size - 1, 0)]
+        match = self.tree.match(namespace, usable, priority)
+        if match.last_device_node is not None:
+            self.tree.lock(match.last_device_node)
+            req.locked_node = match.last_device_node
+        req._append_pages(match.device_pages)
+        req.shared_pages = req.num_pages
+        req.cached_len = req.num_computed = req.reserved_tokens = match.device_len
+        self._live[req.rid] = req
+        c = self.counters
+        c.requests += 1
+        c.prompt_tokens += int(arr.size)
+        c.hit_tokens += match.device_len
+        c.hit_pages += req.num_pages
+        return req
+
+    def reserve(self, req: Request, num_tokens: int) -> PageIds:
+        """Make room for the KV of the next ``num_tokens`` positions.
+
+        Allocates whole pages (evicting unlocked cached pages if the pool is
+        short) so that ``page_table`` covers positions up to
+        ``num_computed + num_tokens``. Returns the page table (a view).
+        Raises OutOfPagesError, allocating nothing, if even eviction cannot
+        make room.
+        """
+        self._check_live(req)
+        if not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"reserve takes a non-negative int, got {num_tokens!r}")
+        target = req.num_computed + num_tokens
+        if target > req.reserved_tokens:
+            need = -(-target // self.page_size) - req.num_pages
+            if need > 0:
+                req._append_pages(self._allocate(need))
+            req.reserved_tokens = target
+        return req.page_table
+
+    def extend(self, req: Request, tokens: object) -> None:
+        """Append tokens the runner produced (e.g. the sampled token) to ``req``."""
+        self._check_live(req)
+        req._append_tokens(as_tokens(tokens, "extend"))
+
+    def commit(self, req: Request, num_tokens: int) -> None:
+        """Record that KV for the next ``num_tokens`` positions was written.
+
+        Every full page now computed joins the tree, where other requests can
+        share it. Pages another request inserted first are kept from the tree
+        and this request's copies go back to the pool (its page table is
+        updated to the tree's pages, which hold the same KV).
+        """
+        self._check_live(req)
+        if not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"commit takes a non-negative int, got {num_tokens!r}")
+        end = req.num_computed + num_tokens
+        if end > req.reserved_tokens:
+            raise ValueError(
+                f"commit of {num_tokens} tokens reaches position {end}, "
+                f"but only {req.reserved_tokens} were reserved"
+            )
+        if end > req.num_tokens:
+            raise ValueError(
+                f"commit of {num_tokens} tokens reaches position {end}, "
+                f"but the request has {req.num_tokens} tokens; extend() it first"
+            )
+        req.num_computed = end
+        full = end // self.page_size
+        if full > req.shared_pages:
+            self._insert(req, full)
+
+    def _insert(self, req: Request, full: int) -> None:
+        p = self.page_size
+        table = req.page_table
+        result = self.tree.insert(
+            req.namespace, req.tokens[: full * p], table[:full], req.priority
+        )
+        # Pages [shared_pages, existing) were computed by this request but are
+        # already cached: adopt the tree's pages, free ours.
+        dup_from, dup_to = req.shared_pages, max(result.existing_pages, req.shared_pages)
+        if dup_to > dup_from:
+            dup = table[dup_from:dup_to].copy()
+            table[dup_from:dup_to] = result.device_pages[dup_from:dup_to]
+            self.pool.free(dup)
+            self.counters.duplicate_pages += dup_to - dup_from
+        self.counters.committed_pages += full - dup_to
+        self.tree.lock(result.last_node)
+        if req.locked_node is not None:
+            self.tree.unlock(req.locked_node)
+        req.locked_node = result.last_node
+        req.shared_pages = full
+
+    def release(self, req: Request) -> None:
+        """End ``req``: unlock its cached pages and free its private ones.
+
+        A partial last page and reserved-but-unused pages return to the pool.
+        Raises RequestStateError if ``req`` was already released.
+        """
+        self._check_live(req)
+        if req.locked_node is not None:
+            self.tree.unlock(req.locked_node)
+            req.locked_node = None
+        private = req.page_table[req.shared_pages :]
+        if private.size:
+            self.pool.free(private.copy())
+        req.num_pages = req.shared_pages
+        req.released = True
+        del self._live[req.rid]
+        if req.namespace in self._forgotten:
+            self.forget_namespace(req.namespace)
+
+    # ------------------------------------------------------------------ capacity
+    def _allocate(self, n: int) -> PageIds:
+        pages = self.pool.allocate(n)
+        if pages is None:
+            short = n - self.pool.free_count
+            freed = self.tree.evict(short)
+            if freed.size:
+                self.pool.free(freed)
+                self.counters.evicted_pages += int(freed.size)
+            pages = self.pool.allocate(n)
+        if pages is None:
+            self.counters.out_of_pages += 1
+            raise OutOfPagesError(n, self.pool.free_count, self.tree.evictable_pages)
+        return pages
+
+    def evict(self, num_pages: int) -> int:
+        """Evict at least ``num_pages`` unlocked cached pages if there are that
+        many; returns how many were freed."""
+        freed = self.tree.evict(num_pages)
+        if freed.size:
+            self.pool.free(freed)
+            self.counters.evicted_pages += int(freed.size)
+        return int(freed.size)
+
+    # ------------------------------------------------------------------ bulk
+    def forget_namespace(self, namespace: Namespace) -> int:
+        """Remove everything cached under ``namespace`` that no request locks.
+
+        Returns the number of pages that could not be removed yet because
+        live requests hold them; they are removed when those requests end.
+        """
+        result = self.tree.forget(namespace)
+        if result.device_page_ids.size:
+            self.pool.free(result.device_page_ids)
+        if result.pending_pages:
+            self._forgotten.add(namespace)
+        else:
+            self._forgotten.discard(namespace)
+        return result.pending_pages
+
+    def reset(self, force: bool = False) -> None:
+        """Drop every cached page.
+
+        Refuses (RequestStateError) while requests hold pages, unless
+        ``force``; forced, those requests are ended and their handles become
+        unusable.
+        """
+        if self._live and not force:
+            raise RequestStateError(
+                f"reset refused: {len(self._live)} live requests hold pages; "
+                f"release them or pass force=True"
+            )
+        for req in self._live.values():
+            req.released = True
+            req.locked_node = None
+            req.num_pages = 0
+        self._live.clear()
+        self._forgotten.clear()
+        self.tree.reset()
+        self.pool = PageAllocator(self.pool.capacity, "device")
+
+    # ------------------------------------------------------------------ views
+    def stats(self) -> CacheStats:
+        c = self.counters
+        tree = self.tree
+        private = self.pool.used_count - tree.device_pages
+        return CacheStats(
+            requests=c.requests,
+            live_requests=len(self._live),
+            prompt_tokens=c.prompt_tokens,
+            hit_tokens=c.hit_tokens,
+            hit_pages=c.hit_pages,
+            committed_pages=c.committed_pages,
+            duplicate_pages=c.duplicate_pages,
+            evicted_pages=c.evicted_pages,
+            out_of_pages=c.out_of_pages,
+            pool_pages=self.pool.capacity,
+            free_pages=self.pool.free_count,
+            cached_pages=tree.device_pages,
+            evictable_pages=tree.evictable_pages,
+            protected_pages=tree.protected_pages,
+            private_pages=private,
+            nodes=tree.node_count,
+        )
+
+    @property
+    def live_requests(self) -> list[Request]:
+        return list(self._live.values())
+
+    def _check_live(self, req: Request) -> None:
+        if not isinstance(req, Request):
+            raise TypeError(f"expected a Request, got {type(req).__name__}")
+        if req.released:
+            raise RequestStateError(f"request {req.rid} was already released")
+        if self._live.get(req.rid) is not req:
+            raise RequestStateError(f"request {req.rid} does not belong to this cache")
+
+    def check_integrity(self) -> None:
+        """Verify the tree, the pool and every live request agree (no leaks,
+        no double ownership, exact lock counts). AssertionError if not."""
+        locks: dict[Node, int] = {}
+        private: list[PageIds] = []
+        for req in self._live.values():
+            if req.locked_node is not None:
+                locks[req.locked_node] = locks.get(req.locked_node, 0) + 1
+            table = req.page_table
+            assert req.num_pages * self.page_size >= req.reserved_tokens >= req.num_computed
+            assert req.shared_pages * self.page_size <= max(req.num_computed, req.cached_len)
+            private.append(table[req.shared_pages :])
+            if req.shared_pages:
+                assert req.locked_node is not None, f"{req!r} shares pages without a lock"
+        self.tree.check_integrity(locks)
+        self.pool.check_integrity()
+        tree_pages = self.tree.device_page_ids()
+        owned = np.concatenate([tree_pages, *private]) if private else tree_pages
+        assert np.unique(owned).size == owned.size, "a device page is owned twice"
+        allocated = self.pool.allocated_ids()
+        assert np.array_equal(np.sort(owned), allocated), (
+            f"pool accounting: {allocated.size} allocated, {owned.size} owned by tree and requests"
+        )
+        for req in self._live.values():
+            if req.locked_node is None:
+                continue
+            parts: list[PageIds] = []
+            node: Node | None = req.locked_node
+            while node is not None and node.device is not None:
+                parts.append(node.device)
+                node = node.parent
+            path = np.concatenate(parts[::-1])
+            assert np.array_equal(path, req.page_table[: req.shared_pages]), (
+                f"{req!r}: shared pages differ from the tree's path to its locked node"
+            )

@@ -1,0 +1,123 @@
+"""Tree nodes and the typed records the tree returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from radixcache.namespace import Namespace
+
+PageIds = npt.NDArray[np.int32]
+TokenArray = npt.NDArray[np.int32]
+
+EMPTY_PAGES: PageIds = np.empty(0, dtype=np.int32)
+EMPTY_PAGES.setflags(write=False)
+
+
+class Node:
+    """A run of whole pages: ``key`` holds ``num_pages * P`` tokens.
+
+    Residency (invariant 2 of ARCHITECTURE.md):
+
+    * ``device``: device page ids, one per page of the run, or None;
+    * ``host``: host page ids, or None;
+    * ``stored``: True once every page of the run is committed to storage.
+
+    A non-root node always has device or host pages; one with neither is
+    removed from the tree. Device residency is prefix-closed: a node with
+    device pages has a parent with device pages (or is a child of the root),
+    because device eviction only takes nodes without device-resident children.
+    """
+
+    __slots__ = (
+        "key",
+        "device",
+        "host",
+        "stored",
+        "children",
+        "parent",
+        "namespace",
+        "lock_ref",
+        "device_children",
+        "last_access",
+        "hit_count",
+        "priority",
+        "uid",
+        "keys",
+    )
+
+    def __init__(
+        self,
+        key: TokenArray,
+        parent: Node | None,
+        namespace: Namespace,
+        uid: int,
+    ) -> None:
+        self.key = key  # int32 tokens, length a multiple of P
+        self.device: PageIds | None = None  # device page ids, one per page
+        self.host: PageIds | None = None  # host page ids, one per page
+        self.stored = False  # every page committed to storage
+        self.children: dict[bytes, Node] = {}  # keyed by the bytes of the child's first page
+        self.parent = parent  # None only for a namespace root
+        self.namespace = namespace  # the partition this node belongs to
+        self.lock_ref = 0  # live locks on this node or any descendant
+        self.device_children = 0  # children that hold device pages
+        self.last_access = uid  # tick of the last match/insert through this node
+        self.hit_count = 0  # matches that used this node
+        self.priority = 0  # highest priority of the requests that used it
+        self.uid = uid  # creation tick: unique, also the FIFO order
+        self.keys: bytes | None = None  # cached 16-byte page keys (lazily computed)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    def __repr__(self) -> str:
+        return (
+            f"Node(uid={self.uid}, tokens={self.key.size}, device={self.device is not None}, "
+            f"host={self.host is not None}, stored={self.stored}, lock_ref={self.lock_ref})"
+        )
+
+
+@dataclass(slots=True)
+class MatchResult:
+    """What the cache holds of a token sequence, walked device, host, storage.
+
+    Lengths are in tokens and page-aligned; each tier's length counts the
+    pages found there *after* the previous tier's.
+    """
+
+    device_len: int  # tokens whose KV is on the device, usable at once
+    device_pages: PageIds  # device page ids covering ``device_len`` (a new array)
+    last_device_node: Node | None  # deepest node of the device part, None if none
+    host_len: int = 0  # tokens beyond ``device_len`` held in host memory
+    host_nodes: tuple[Node, ...] = ()  # the nodes holding them, in order
+    storage_len: int = 0  # tokens beyond those found in storage (filled by the cache)
+
+    @property
+    def total_len(self) -> int:
+        return self.device_len + self.host_len + self.storage_len
+
+
+@dataclass(slots=True)
+class InsertResult:
+    """Outcome of inserting a run of pages."""
+
+    existing_pages: int  # leading pages already on the device: the caller's copies are duplicates
+    device_pages: PageIds  # the tree's device page ids for the whole inserted sequence
+    last_node: Node  # node holding the last inserted page
+    new_nodes: list[Node]  # nodes whose device pages came from this insert, in path order
+    new_node_offsets: list[int]  # for each, the index of its first page in the sequence
+
+
+@dataclass(slots=True)
+class ForgetResult:
+    """Outcome of forgetting a namespace."""
+
+    removed_pages: int  # device pages released
+    removed_host_pages: int  # host pages released
+    pending_pages: int  # pages kept because live requests still lock them
+    device_page_ids: PageIds  # the released device pages, for the caller to free
+    host_page_ids: PageIds  # the released host pages, for the caller to free

@@ -1,0 +1,527 @@
+"""The page-granular token radix tree.
+
+Every namespace has its own root; a node holds a run of whole pages::
+
+    root(ns) ── [p0 p1 p2]  ── [p3 p4]        each [..] is one node: its tokens
+                    │                          (int32, len % P == 0) and, per
+                    └─────── [p3' p4' p5']     tier, one page id per page
+
+Children are keyed by the bytes of their first page, so a step down the tree
+is one dict lookup and one vectorized comparison of the whole run; no Python
+object exists per page or per token.
+
+The tree only indexes. It knows nothing of CUDA, storage or events: page ids
+are opaque arrays handed in by the caller and handed back on eviction, and the
+caller frees them. It is driven by one owner thread and starts no thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+
+import numpy as np
+
+from radixcache.eviction import EvictionPolicy, SortKey
+from radixcache.hashing import KEY_BYTES, chain_keys
+from radixcache.namespace import Namespace
+from radixcache.node import (
+    EMPTY_PAGES,
+    ForgetResult,
+    InsertResult,
+    MatchResult,
+    Node,
+    PageIds,
+    TokenArray,
+)
+
+
+def _concat(parts: list[PageIds]) -> PageIds:
+    if not parts:
+        return EMPTY_PAGES.copy()
+    if len(parts) == 1:
+        return parts[0].copy()
+    return np.concatenate(parts)
+
+
+class RadixTree:
+    """Index of cached token prefixes, page-granular, per namespace.
+
+    Counters (exact at every moment):
+    ``device_pages`` (device pages held by nodes), ``evictable_pages`` (those
+    in unlocked nodes), ``protected_pages`` (those in locked nodes),
+    ``host_pages``, ``node_count`` (non-root nodes).
+    """
+
+    def __init__(self, page_size: int, policy: EvictionPolicy) -> None:
+        if not isinstance(page_size, int) or page_size <= 0 or page_size & (page_size - 1):
+            raise ValueError(f"page_size must be a positive power of two, got {page_size!r}")
+        self.page_size = page_size
+        self.policy = policy
+        self._roots: dict[Namespace, Node] = {}
+        self._tick = 0  # logical clock: +1 per match/insert, stamps nodes
+        self._seq = itertools.count()  # tie-breaker for heap entries
+        # Eviction candidates: unlocked nodes with device pages and no
+        # device-resident child. ``_heap`` holds (key, seq, node) entries that
+        # may be stale; a popped entry is checked against the set and the
+        # node's current key (policy keys never decrease, so a stale entry
+        # only ever comes out early and is then re-pushed).
+        self._evictable: set[Node] = set()
+        self._heap: list[tuple[SortKey, int, Node]] = []
+        self.device_pages = 0
+        self.evictable_pages = 0
+        self.host_pages = 0
+        self.node_count = 0
+
+    # ------------------------------------------------------------------ lookup
+    @property
+    def protected_pages(self) -> int:
+        return self.device_pages - self.evictable_pages
+
+    def match(self, namespace: Namespace, tokens: TokenArray, priority: int = 0) -> MatchResult:
+        """Longest cached prefix of ``tokens`` (whole pages only) in ``namespace``.
+
+        ``tokens`` must be a validated 1-D int32 array. Mutates: stamps the
+        matched nodes (recency, hit count, priority) and, when the match ends
+        inside a node, splits that node at the page boundary so the result
+        ends on a node. Cached content is never changed.
+        """
+        p = self.page_size
+        n = tokens.size - tokens.size % p
+        root = self._roots.get(namespace)
+        if root is None or n == 0:
+            return MatchResult(0, EMPTY_PAGES.copy(), None)
+        self._tick += 1
+        tick = self._tick
+        node = root
+        pos = 0
+        device_len = 0
+        device_parts: list[PageIds] = []
+        last_device: Node | None = None
+        host_nodes: list[Node] = []
+        while pos < n:
+            child = node.children.get(tokens[pos : pos + p].tobytes())
+            if child is None:
+                break
+            matched = self._common_len(child.key, tokens, pos, n)
+            if matched < child.key.size:
+                child = self._split(child, matched // p)
+            child.last_access = tick
+            child.hit_count += 1
+            if priority > child.priority:
+                child.priority = priority
+            if child.device is not None and not host_nodes:
+                device_parts.append(child.device)
+                device_len += matched
+                last_device = child
+            elif child.host is not None:
+                host_nodes.append(child)
+            else:  # the device part ended and this node is not on the host
+                break
+            pos += matched
+            node = child
+        return MatchResult(
+            device_len=device_len,
+            device_pages=_concat(device_parts),
+            last_device_node=last_device,
+            host_len=pos - device_len,
+            host_nodes=tuple(host_nodes),
+        )
+
+    def _common_len(self, key: TokenArray, tokens: TokenArray, pos: int, n: int) -> int:
+        """Tokens (page-aligned) that ``key`` shares with ``tokens[pos:n]``."""
+        klen = key.size
+        end = pos + klen
+        if end <= n and (tokens[pos:end] == key).all():
+            return klen
+        m = min(klen, n - pos)
+        eq = tokens[pos : pos + m] == key[:m]
+        if eq.all():
+            return m
+        first_diff = int(np.argmin(eq))
+        return first_diff - first_diff % self.page_size
+
+    def _split(self, node: Node, pages: int) -> Node:
+        """Cut ``node`` after ``pages`` pages; return the new upper node.
+
+        The lower part keeps the identity of ``node`` (so locks and handles
+        pointing at it stay valid); the upper part inherits its lock count.
+        """
+        p = self.page_size
+        cut = pages * p
+        parent = node.parent
+        assert parent is not None and 0 < cut < node.key.size
+        upper = Node(node.key[:cut], parent, node.namespace, node.uid)
+        upper.device = None if node.device is None else node.device[:pages]
+        upper.host = None if node.host is None else node.host[:pages]
+        upper.stored = node.stored
+        upper.lock_ref = node.lock_ref
+        upper.last_access = node.last_access
+        upper.hit_count = node.hit_count
+        upper.priority = node.priority
+        if node.keys is not None:
+            upper.keys = node.keys[: pages * KEY_BYTES]
+            node.keys = node.keys[pages * KEY_BYTES :]
+        node.key = node.key[cut:]
+        if node.device is not None:
+            node.device = node.device[pages:]
+            upper.device_children = 1
+        if node.host is not None:
+            node.host = node.host[pages:]
+        parent.children[upper.key[:p].tobytes()] = upper
+        upper.children = {node.key[:p].tobytes(): node}
+        node.parent = upper
+        self.node_count += 1
+        return upper
+
+    # ------------------------------------------------------------------ insert
+    def insert(
+        self, namespace: Namespace, tokens: TokenArray, pages: PageIds, priority: int = 0
+    ) -> InsertResult:
+        """Insert whole pages ``tokens`` whose KV sits in device ``pages``.
+
+        Returns how many leading pages were already on the device (the caller
+        owns ``pages[:existing_pages]`` still and must free them: the tree's
+        own pages for them are in ``device_pages``). Every later page id in
+        ``pages`` now belongs to the tree. A cached node that had lost its
+        device copy (host-only) takes the caller's pages for it. Splits a
+        node where the new sequence diverges inside it.
+        """
+        p = self.page_size
+        total = tokens.size
+        if total % p:
+            raise ValueError(f"insert takes whole pages: {total} tokens is not a multiple of {p}")
+        if pages.size * p != total:
+            raise ValueError(f"{total} tokens need {total // p} pages, got {pages.size}")
+        root = self._roots.get(namespace)
+        if root is None:
+            root = Node(tokens[:0].copy(), None, namespace, -1)
+            self._roots[namespace] = root
+        self._tick += 1
+        tick = self._tick
+        node = root
+        pos = 0
+        existing = 0
+        parts: list[PageIds] = []
+        new_nodes: list[Node] = []
+        offsets: list[int] = []
+        while pos < total:
+            child = node.children.get(tokens[pos : pos + p].tobytes())
+            if child is None:
+                break
+            matched = self._common_len(child.key, tokens, pos, total)
+            if matched < child.key.size:
+                child = self._split(child, matched // p)
+            child.last_access = tick
+            if priority > child.priority:
+                child.priority = priority
+            if child.device is None:
+                self._attach_device(child, pages[pos // p : (pos + matched) // p].copy())
+                new_nodes.append(child)
+                offsets.append(pos // p)
+            elif existing * p == pos:
+                existing += matched // p
+            assert child.device is not None
+            parts.append(child.device)
+            pos += matched
+            node = child
+        if pos < total:
+            leaf = Node(tokens[pos:].copy(), node, namespace, tick)
+            leaf.last_access = tick
+            leaf.priority = priority
+            node.children[tokens[pos : pos + p].tobytes()] = leaf
+            self.node_count += 1
+            self._attach_device(leaf, pages[pos // p :].copy())
+            new_nodes.append(leaf)
+            offsets.append(pos // p)
+            parts.append(leaf.device)  # type: ignore[arg-type]
+            node = leaf
+        return InsertResult(existing, _concat(parts), node, new_nodes, offsets)
+
+    def _attach_device(self, node: Node, pages: PageIds) -> None:
+        """Give ``node`` (without device pages) its device pages."""
+        parent = node.parent
+        assert node.device is None and parent is not None
+        node.device = pages
+        self.device_pages += pages.size
+        if node.lock_ref == 0:
+            self.evictable_pages += pages.size
+        parent.device_children += 1
+        self._evictable.discard(parent)
+        self._update_candidate(node)
+
+    def _update_candidate(self, node: Node) -> None:
+        """Add ``node`` to the eviction candidates if it qualifies."""
+        if (
+            node.lock_ref == 0
+            and node.device is not None
+            and node.device_children == 0
+            and node.parent is not None
+            and node not in self._evictable
+        ):
+            self._evictable.add(node)
+            heapq.heappush(self._heap, (self.policy.key(node), next(self._seq), node))
+
+    # ------------------------------------------------------------------ locks
+    def lock(self, node: Node) -> None:
+        """Protect ``node`` and its ancestors from device eviction (counted)."""
+        n: Node | None = node
+        while n is not None:
+            if n.lock_ref == 0:
+                if n.device is not None:
+                    self.evictable_pages -= n.device.size
+                self._evictable.discard(n)
+            n.lock_ref += 1
+            n = n.parent
+
+    def unlock(self, node: Node) -> None:
+        """Undo one ``lock(node)``. Raises ValueError if ``node`` is not locked."""
+        if node.lock_ref <= 0:
+            raise ValueError(f"unlock of a node that is not locked: {node!r}")
+        n: Node | None = node
+        while n is not None:
+            n.lock_ref -= 1
+            if n.lock_ref == 0 and n.device is not None:
+                self.evictable_pages += n.device.size
+                self._update_candidate(n)
+            n = n.parent
+
+    # ------------------------------------------------------------------ eviction
+    def evict(self, num_pages: int) -> PageIds:
+        """Drop device pages of unlocked leaves until ``num_pages`` are freed.
+
+        Leaves go in policy order; a parent whose last device child went
+        becomes a candidate. Whole nodes are evicted, so more pages than asked
+        may come back. A node left with no residency is removed. Returns the
+        freed device page ids (the caller frees them in its pool).
+        """
+        freed: list[PageIds] = []
+        count = 0
+        heap = self._heap
+        key = self.policy.key
+        while count < num_pages and heap:
+            entry_key, _, node = heapq.heappop(heap)
+            if node not in self._evictable:
+                continue
+            current = key(node)
+            if current != entry_key:
+                heapq.heappush(heap, (current, next(self._seq), node))
+                continue
+            pages = self.drop_device(node)
+            freed.append(pages)
+            count += pages.size
+        if len(heap) > 4 * len(self._evictable) + 1024:
+            self._rebuild_heap()
+        return _concat(freed)
+
+    def _rebuild_heap(self) -> None:
+        key = self.policy.key
+        self._heap = [(key(n), next(self._seq), n) for n in self._evictable]
+        heapq.heapify(self._heap)
+
+    def drop_device(self, node: Node) -> PageIds:
+        """Remove ``node``'s device residency (it must be an unlocked device leaf).
+
+        Returns its device page ids. The node is removed from the tree when it
+        has no host copy either.
+        """
+        pages = node.device
+        parent = node.parent
+        assert pages is not None and parent is not None, "drop_device on a node without pages"
+        assert node.lock_ref == 0 and node.device_children == 0, "drop_device on a protected node"
+        node.device = None
+        self.device_pages -= pages.size
+        self.evictable_pages -= pages.size
+        self._evictable.discard(node)
+        parent.device_children -= 1
+        if node.host is None:
+            self._remove_node(node)
+        self._update_candidate(parent)
+        return pages
+
+    def _remove_node(self, node: Node) -> None:
+        parent = node.parent
+        assert parent is not None and not node.children, "removing an inner node"
+        del parent.children[node.key[: self.page_size].tobytes()]
+        self.node_count -= 1
+        if parent.parent is None and not parent.children:
+            del self._roots[parent.namespace]
+
+    # ------------------------------------------------------------------ hashes
+    def page_keys(self, node: Node) -> bytes:
+        """16-byte chained keys of ``node``'s pages, concatenated (cached)."""
+        chain: list[Node] = []
+        n = node
+        while n.keys is None and n.parent is not None:
+            chain.append(n)
+            n = n.parent
+        if n.parent is None and n.keys is None:
+            n.keys = n.namespace.digest()
+        assert n.keys is not None
+        prev = n.keys[-KEY_BYTES:]
+        for m in reversed(chain):
+            m.keys = chain_keys(prev, m.key, self.page_size)
+            prev = m.keys[-KEY_BYTES:]
+        assert node.keys is not None
+        return node.keys
+
+    def parent_key(self, node: Node) -> bytes | None:
+        """The key of the page before ``node``'s first page, None at a root."""
+        parent = node.parent
+        if parent is None or parent.parent is None:
+            return None
+        return self.page_keys(parent)[-KEY_BYTES:]
+
+    # ------------------------------------------------------------------ bulk
+    def forget(self, namespace: Namespace) -> ForgetResult:
+        """Remove every unlocked node of ``namespace``; report what stays.
+
+        Locked nodes (and so their ancestors) stay until their requests end.
+        """
+        root = self._roots.get(namespace)
+        if root is None:
+            return ForgetResult(0, 0, 0, EMPTY_PAGES.copy(), EMPTY_PAGES.copy())
+        dev: list[PageIds] = []
+        host: list[PageIds] = []
+        pending = 0
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            for first, child in list(node.children.items()):
+                if child.lock_ref > 0:
+                    if child.device is not None:
+                        pending += child.device.size
+                    stack.append(child)
+                    continue
+                del node.children[first]
+                if child.device is not None:
+                    node.device_children -= 1
+                for gone in self._subtree(child):
+                    self._discount(gone, dev, host)
+        if not root.children:
+            del self._roots[namespace]
+        d, h = _concat(dev), _concat(host)
+        return ForgetResult(int(d.size), int(h.size), pending, d, h)
+
+    def _discount(self, node: Node, dev: list[PageIds], host: list[PageIds]) -> None:
+        """Forget an (unlocked) node's pages in the counters; collect them."""
+        self.node_count -= 1
+        self._evictable.discard(node)
+        if node.device is not None:
+            self.device_pages -= node.device.size
+            self.evictable_pages -= node.device.size
+            dev.append(node.device)
+        if node.host is not None:
+            self.host_pages -= node.host.size
+            host.append(node.host)
+
+    def _subtree(self, node: Node) -> Iterator[Node]:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+    def reset(self) -> tuple[PageIds, PageIds]:
+        """Drop everything, locks included. Returns (device, host) page ids held."""
+        dev: list[PageIds] = []
+        host: list[PageIds] = []
+        for root in self._roots.values():
+            for child in root.children.values():
+                for n in self._subtree(child):
+                    if n.device is not None:
+                        dev.append(n.device)
+                    if n.host is not None:
+                        host.append(n.host)
+        self._roots.clear()
+        self._evictable.clear()
+        self._heap.clear()
+        self.device_pages = self.evictable_pages = self.host_pages = self.node_count = 0
+        return _concat(dev), _concat(host)
+
+    def nodes(self) -> Iterator[Node]:
+        """Every non-root node, parents before children."""
+        for root in self._roots.values():
+            for child in root.children.values():
+                yield from self._subtree(child)
+
+    def namespaces(self) -> list[Namespace]:
+        return list(self._roots)
+
+    # ------------------------------------------------------------------ checks
+    def check_integrity(self, locks: dict[Node, int] | None = None) -> None:
+        """Verify every structural invariant and counter; AssertionError if broken.
+
+        ``locks`` maps each node to the number of ``lock`` calls the caller
+        holds on it; when given, every node's ``lock_ref`` must equal its own
+        locks plus its children's ``lock_ref``.
+        """
+        p = self.page_size
+        device_pages = evictable = host_pages = count = 0
+        seen_device: list[PageIds] = []
+        seen_host: list[PageIds] = []
+        candidates: set[Node] = set()
+        for ns, root in self._roots.items():
+            assert root.parent is None and root.namespace == ns and root.key.size == 0
+            assert root.children, f"empty root kept for {ns!r}"
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                dev_children = 0
+                child_locks = 0
+                for first, child in node.children.items():
+                    assert child.parent is node, f"{child!r} has the wrong parent"
+                    assert child.namespace == ns, f"{child!r} is in the wrong namespace"
+                    assert child.key[:p].tobytes() == first, f"{child!r} filed under the wrong key"
+                    dev_children += child.device is not None
+                    child_locks += child.lock_ref
+                    stack.append(child)
+                assert node.device_children == dev_children, f"{node!r}: device_children wrong"
+                own = 0 if locks is None else locks.get(node, 0)
+                if locks is not None:
+                    assert node.lock_ref == own + child_locks, (
+                        f"{node!r}: lock_ref {node.lock_ref} != own {own} + children {child_locks}"
+                    )
+                assert node.lock_ref >= child_locks, f"{node!r}: lock_ref below its children's"
+                if node.parent is None:
+                    continue
+                count += 1
+                size = node.key.size
+                assert size > 0 and size % p == 0, f"{node!r}: key length {size} not whole pages"
+                assert node.device is not None or node.host is not None, f"{node!r}: no residency"
+                if node.device is not None:
+                    assert node.device.size * p == size, f"{node!r}: device pages do not cover it"
+                    assert node.parent.parent is None or node.parent.device is not None, (
+                        f"{node!r}: device residency is not prefix-closed"
+                    )
+                    device_pages += node.device.size
+                    if node.lock_ref == 0:
+                        evictable += node.device.size
+                        if dev_children == 0:
+                            candidates.add(node)
+                    seen_device.append(node.device)
+                if node.host is not None:
+                    assert node.host.size * p == size, f"{node!r}: host pages do not cover it"
+                    host_pages += node.host.size
+                    seen_host.append(node.host)
+                if node.keys is not None:
+                    assert len(node.keys) == KEY_BYTES * (size // p), f"{node!r}: stale page keys"
+        assert count == self.node_count, f"node_count {self.node_count} != {count}"
+        assert device_pages == self.device_pages, f"device_pages {self.device_pages} != {device_pages}"
+        assert evictable == self.evictable_pages, (
+            f"evictable_pages {self.evictable_pages} != {evictable}"
+        )
+        assert host_pages == self.host_pages, f"host_pages {self.host_pages} != {host_pages}"
+        assert candidates == self._evictable, "eviction candidate set is out of date"
+        for name, seen in (("device", seen_device), ("host", seen_host)):
+            ids = _concat(seen)
+            assert np.unique(ids).size == ids.size, f"a {name} page is owned by two nodes"
+
+    def device_page_ids(self) -> PageIds:
+        """Every device page id the tree holds (O(nodes); for checks)."""
+        return _concat([n.device for n in self.nodes() if n.device is not None])
+
+    def host_page_ids(self) -> PageIds:
+        """Every host page id the tree holds (O(nodes); for checks)."""
+        return _concat([n.host for n in self.nodes() if n.host is not None])
