@@ -185,6 +185,11 @@ class RadixCache:
     def _insert(self, req: Request, full: int) -> None:
         p = self.page_size
         table = req.page_table
+        # Unlock first: the insert may then extend the request's own leaf in
+        # place (nothing can be evicted between here and the lock below).
+        if req.locked_node is not None:
+            self.tree.unlock(req.locked_node)
+            req.locked_node = None
         result = self.tree.insert(
             req.namespace, req.tokens[: full * p], table[:full], req.priority
         )
@@ -198,8 +203,6 @@ class RadixCache:
             self.counters.duplicate_pages += dup_to - dup_from
         self.counters.committed_pages += full - dup_to
         self.tree.lock(result.last_node)
-        if req.locked_node is not None:
-            self.tree.unlock(req.locked_node)
         req.locked_node = result.last_node
         req.shared_pages = full
 

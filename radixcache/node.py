@@ -46,6 +46,7 @@ class Node:
         "priority",
         "uid",
         "keys",
+        "heap_seq",
     )
 
     def __init__(
@@ -68,7 +69,8 @@ class Node:
         self.hit_count = 0  # matches that used this node
         self.priority = 0  # highest priority of the requests that used it
         self.uid = uid  # creation tick: unique, also the FIFO order
-        self.keys: bytes | None = None  # cached 16-byte page keys (lazily computed)
+        self.keys: bytes | None = None  # cached 16-byte page keys (a prefix of them, lazily)
+        self.heap_seq = -1  # sequence number of this node's newest eviction-heap entry
 
     @property
     def is_root(self) -> bool:
@@ -109,7 +111,7 @@ class InsertResult:
     device_pages: PageIds  # the tree's device page ids for the whole inserted sequence
     last_node: Node  # node holding the last inserted page
     new_nodes: list[Node]  # nodes whose device pages came from this insert, in path order
-    new_node_offsets: list[int]  # for each, the index of its first page in the sequence
+    new_node_offsets: list[int]  # for each, the sequence index of the first page this insert gave it
 
 
 @dataclass(slots=True)

@@ -63,10 +63,11 @@ class RadixTree:
         self._tick = 0  # logical clock: +1 per match/insert, stamps nodes
         self._seq = itertools.count()  # tie-breaker for heap entries
         # Eviction candidates: unlocked nodes with device pages and no
-        # device-resident child. ``_heap`` holds (key, seq, node) entries that
-        # may be stale; a popped entry is checked against the set and the
-        # node's current key (policy keys never decrease, so a stale entry
-        # only ever comes out early and is then re-pushed).
+        # device-resident child. ``_heap`` holds (key, seq, node) entries; only
+        # the entry whose seq equals ``node.heap_seq`` is live, older ones are
+        # dropped when popped. A live entry whose key went stale (the node was
+        # touched) comes out early, since policy keys never decrease, and is
+        # re-pushed.
         self._evictable: set[Node] = set()
         self._heap: list[tuple[SortKey, int, Node]] = []
         self.device_pages = 0
@@ -160,9 +161,10 @@ class RadixTree:
         upper.last_access = node.last_access
         upper.hit_count = node.hit_count
         upper.priority = node.priority
-        if node.keys is not None:
+        if node.keys is not None:  # may cover only a prefix of the node
             upper.keys = node.keys[: pages * KEY_BYTES]
-            node.keys = node.keys[pages * KEY_BYTES :]
+            rest = node.keys[pages * KEY_BYTES :]
+            node.keys = rest if rest else None
         node.key = node.key[cut:]
         if node.device is not None:
             node.device = node.device[pages:]
@@ -216,6 +218,8 @@ class RadixTree:
             child.last_access = tick
             if priority > child.priority:
                 child.priority = priority
+            if child in self._evictable:
+                self._push(child)  # its key changed: keep the heap fresh
             if child.device is None:
                 self._attach_device(child, pages[pos // p : (pos + matched) // p].copy())
                 new_nodes.append(child)
@@ -226,7 +230,12 @@ class RadixTree:
             parts.append(child.device)
             pos += matched
             node = child
-        if pos < total:
+        if pos < total and self._can_extend(node):
+            self._extend_leaf(node, tokens[pos:], pages[pos // p :])
+            new_nodes.append(node)
+            offsets.append(pos // p)
+            parts.append(pages[pos // p :].copy())
+        elif pos < total:
             leaf = Node(tokens[pos:].copy(), node, namespace, tick)
             leaf.last_access = tick
             leaf.priority = priority
@@ -238,6 +247,30 @@ class RadixTree:
             parts.append(leaf.device)  # type: ignore[arg-type]
             node = leaf
         return InsertResult(existing, _concat(parts), node, new_nodes, offsets)
+
+    def _can_extend(self, node: Node) -> bool:
+        """Whether new pages may be appended to ``node`` itself.
+
+        Path compression: a chat that grows turn by turn would otherwise
+        become a chain of one-child nodes, each costing a step on every
+        match. Only a device-only, unlocked leaf is extended, so no lock,
+        host copy or stored flag ever covers pages it was not taken for.
+        """
+        return (
+            node.parent is not None
+            and not node.children
+            and node.lock_ref == 0
+            and node.host is None
+            and not node.stored
+            and node.device is not None
+        )
+
+    def _extend_leaf(self, node: Node, tokens: TokenArray, pages: PageIds) -> None:
+        assert node.device is not None
+        node.key = np.concatenate([node.key, tokens])
+        node.device = np.concatenate([node.device, pages])
+        self.device_pages += pages.size
+        self.evictable_pages += pages.size
 
     def _attach_device(self, node: Node, pages: PageIds) -> None:
         """Give ``node`` (without device pages) its device pages."""
@@ -261,7 +294,12 @@ class RadixTree:
             and node not in self._evictable
         ):
             self._evictable.add(node)
-            heapq.heappush(self._heap, (self.policy.key(node), next(self._seq), node))
+            self._push(node)
+
+    def _push(self, node: Node) -> None:
+        seq = next(self._seq)
+        node.heap_seq = seq
+        heapq.heappush(self._heap, (self.policy.key(node), seq, node))
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: Node) -> None:
@@ -298,26 +336,27 @@ class RadixTree:
         """
         freed: list[PageIds] = []
         count = 0
+        if len(self._heap) > 2 * len(self._evictable) + 64:
+            self._rebuild_heap()  # mostly superseded entries: cheaper to start over
         heap = self._heap
         key = self.policy.key
         while count < num_pages and heap:
-            entry_key, _, node = heapq.heappop(heap)
-            if node not in self._evictable:
-                continue
-            current = key(node)
-            if current != entry_key:
-                heapq.heappush(heap, (current, next(self._seq), node))
+            entry_key, seq, node = heapq.heappop(heap)
+            if seq != node.heap_seq or node not in self._evictable:
+                continue  # superseded by a newer entry, or no longer a candidate
+            if key(node) != entry_key:
+                self._push(node)  # touched since it was pushed
                 continue
             pages = self.drop_device(node)
             freed.append(pages)
             count += pages.size
-        if len(heap) > 4 * len(self._evictable) + 1024:
-            self._rebuild_heap()
         return _concat(freed)
 
     def _rebuild_heap(self) -> None:
-        key = self.policy.key
-        self._heap = [(key(n), next(self._seq), n) for n in self._evictable]
+        self._heap = []
+        for node in self._evictable:
+            node.heap_seq = next(self._seq)
+            self._heap.append((self.policy.key(node), node.heap_seq, node))
         heapq.heapify(self._heap)
 
     def drop_device(self, node: Node) -> PageIds:
@@ -351,9 +390,10 @@ class RadixTree:
     # ------------------------------------------------------------------ hashes
     def page_keys(self, node: Node) -> bytes:
         """16-byte chained keys of ``node``'s pages, concatenated (cached)."""
+        p = self.page_size
         chain: list[Node] = []
         n = node
-        while n.keys is None and n.parent is not None:
+        while n.parent is not None and (n.keys is None or len(n.keys) * p < KEY_BYTES * n.key.size):
             chain.append(n)
             n = n.parent
         if n.parent is None and n.keys is None:
@@ -361,7 +401,13 @@ class RadixTree:
         assert n.keys is not None
         prev = n.keys[-KEY_BYTES:]
         for m in reversed(chain):
-            m.keys = chain_keys(prev, m.key, self.page_size)
+            # A node extended after its keys were cached has a cached prefix.
+            done = 0 if m.keys is None else len(m.keys) // KEY_BYTES
+            if done:
+                assert m.keys is not None
+                prev = m.keys[-KEY_BYTES:]
+            fresh = chain_keys(prev, m.key[done * p :], p)
+            m.keys = fresh if m.keys is None else m.keys + fresh
             prev = m.keys[-KEY_BYTES:]
         assert node.keys is not None
         return node.keys
@@ -506,7 +552,8 @@ class RadixTree:
                     host_pages += node.host.size
                     seen_host.append(node.host)
                 if node.keys is not None:
-                    assert len(node.keys) == KEY_BYTES * (size // p), f"{node!r}: stale page keys"
+                    assert len(node.keys) % KEY_BYTES == 0, f"{node!r}: ragged page keys"
+                    assert len(node.keys) <= KEY_BYTES * (size // p), f"{node!r}: stale page keys"
         assert count == self.node_count, f"node_count {self.node_count} != {count}"
         assert device_pages == self.device_pages, f"device_pages {self.device_pages} != {device_pages}"
         assert evictable == self.evictable_pages, (

@@ -83,8 +83,10 @@ def test_namespaces_never_share(tree: RadixTree) -> None:
 
 def test_lock_counts_and_protected_pages(tree: RadixTree) -> None:
     r1 = tree.insert(NS, seq(0, 8), pages(1, 2))
+    tree.lock(r1.last_node)  # a locked leaf is not extended: r2 gets a child
     r2 = tree.insert(NS, np.concatenate([seq(0, 8), seq(50, 4)]), pages(0, 0, 3))
-    assert r2.existing_pages == 2
+    tree.unlock(r1.last_node)
+    assert r2.existing_pages == 2 and r2.last_node.parent is r1.last_node
     assert tree.evictable_pages == 3 and tree.protected_pages == 0
     tree.lock(r2.last_node)
     assert tree.protected_pages == 3 and tree.evictable_pages == 0
@@ -193,8 +195,11 @@ def test_page_keys_are_stable_chained_and_split_safe() -> None:
     t1 = RadixTree(P, make_eviction_policy("lru"))
     t2 = RadixTree(P, make_eviction_policy("lru"))
     r1 = t1.insert(NS, seq(0, 12), pages(1, 2, 3))
-    t2.insert(NS, seq(0, 4), pages(1))
+    first = t2.insert(NS, seq(0, 4), pages(1))
+    t2.lock(first.last_node)
     r2 = t2.insert(NS, seq(0, 12), pages(1, 2, 3))
+    t2.unlock(first.last_node)
+    assert t2.node_count == 2
     keys1 = t1.page_keys(r1.last_node)
     assert len(keys1) == 3 * 16
     # t2 holds the same pages split across two nodes: same keys for the last pages
@@ -207,3 +212,18 @@ def test_page_keys_are_stable_chained_and_split_safe() -> None:
     other = RadixTree(P, make_eviction_policy("lru"))
     r3 = other.insert(Namespace(salt="x"), seq(0, 12), pages(1, 2, 3))
     assert other.page_keys(r3.last_node) != keys1
+
+
+def test_unlocked_leaf_is_extended_in_place(tree: RadixTree) -> None:
+    first = tree.insert(NS, seq(0, 8), pages(1, 2))
+    keys_before = tree.page_keys(first.last_node)
+    grown = tree.insert(NS, seq(0, 16), pages(9, 9, 3, 4))
+    assert grown.existing_pages == 2 and grown.last_node is first.last_node
+    assert tree.node_count == 1 and first.last_node.device.tolist() == [1, 2, 3, 4]
+    assert grown.new_nodes == [first.last_node] and grown.new_node_offsets == [2]
+    fresh = RadixTree(P, make_eviction_policy("lru"))
+    ref = fresh.insert(NS, seq(0, 16), pages(1, 2, 3, 4))
+    keys = tree.page_keys(first.last_node)  # cached prefix + the new pages
+    assert keys[:32] == keys_before and keys == fresh.page_keys(ref.last_node)
+    assert tree.evictable_pages == 4
+    tree.check_integrity()

@@ -1,0 +1,321 @@
+"""Tree benchmark: ``python -m radixcache.bench tree [--quick]``.
+
+Prints one JSON object. Every figure of the real tree comes with the same
+figure for the naive baseline (``radixcache.bench.naive``) measured in the
+same run, and their ratio. Page size 16 throughout, tokens given as int32
+arrays.
+
+(a) insert of 4k-token requests sharing a 1k-token system prompt, then
+    multi-turn growth; (b) match of 4k and 32k prompts, full hit and full miss,
+    on a tree of ~100k pages; (c) evicting 10k pages; (d) a mixed multi-turn
+    replay (match + lock, make room, insert, unlock); (e) page hashes of a
+    32k-token prompt; (f) bookkeeping bytes per cached page (tracemalloc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from radixcache.bench.naive import NaiveCache, naive_page_hashes
+from radixcache.eviction import make_eviction_policy
+from radixcache.hashing import chain_keys
+from radixcache.namespace import DEFAULT_NAMESPACE as NS
+from radixcache.tree import RadixTree
+from transfer import PageAllocator
+
+P = 16
+SYSTEM = 1024
+REQ = 4096
+TURN = 512
+VOCAB = 32000
+
+
+def _us(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    return {
+        "median_us": round(statistics.median(s) * 1e6, 2),
+        "p99_us": round(s[min(len(s) - 1, int(len(s) * 0.99))] * 1e6, 2),
+    }
+
+
+def _time_each(fn: Callable[[int], object], n: int) -> list[float]:
+    out = []
+    clock = time.perf_counter
+    for i in range(n):
+        t0 = clock()
+        fn(i)
+        out.append(clock() - t0)
+    return out
+
+
+def _ratio(naive: float, ours: float) -> float:
+    return round(naive / ours, 1) if ours else float("inf")
+
+
+class Workload:
+    """Deterministic token streams: one system prompt, conversations, long docs."""
+
+    def __init__(self, conversations: int, long_docs: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.system = rng.integers(0, VOCAB, SYSTEM, dtype=np.int32)
+        self.first = [
+            np.concatenate([self.system, rng.integers(0, VOCAB, REQ - SYSTEM, dtype=np.int32)])
+            for _ in range(conversations)
+        ]
+        self.turns = [rng.integers(0, VOCAB, TURN, dtype=np.int32) for _ in range(conversations)]
+        self.long = [
+            np.concatenate([self.system, rng.integers(0, VOCAB, 32768 - SYSTEM, dtype=np.int32)])
+            for _ in range(long_docs)
+        ]
+        self.miss4k = rng.integers(0, VOCAB, REQ, dtype=np.int32) + VOCAB
+        self.miss32k = rng.integers(0, VOCAB, 32768, dtype=np.int32) + VOCAB
+
+
+def build(tree: RadixTree, pool: PageAllocator, w: Workload) -> tuple[list[float], list[float]]:
+    """Insert every first turn, then every second turn; returns their timings."""
+    first = []
+    clock = time.perf_counter
+    for toks in w.first:
+        pages = pool.allocate(toks.size // P)
+        assert pages is not None
+        t0 = clock()
+        tree.insert(NS, toks, pages)
+        first.append(clock() - t0)
+    second = []
+    for toks, turn in zip(w.first, w.turns):
+        full = np.concatenate([toks, turn])
+        pages = pool.allocate(full.size // P)
+        assert pages is not None
+        t0 = clock()
+        res = tree.insert(NS, full, pages)
+        second.append(clock() - t0)
+        pool.free(pages[: res.existing_pages])
+    for toks in w.long:
+        pages = pool.allocate(toks.size // P)
+        assert pages is not None
+        res = tree.insert(NS, toks, pages)
+        pool.free(pages[: res.existing_pages])
+    return first, second
+
+
+def build_naive(cache: NaiveCache, w: Workload) -> tuple[list[float], list[float]]:
+    first = []
+    clock = time.perf_counter
+    page = 0
+    for toks in w.first:
+        pages = list(range(page, page + toks.size // P))
+        page += len(pages)
+        t0 = clock()
+        cache.insert(toks, pages)
+        first.append(clock() - t0)
+    second = []
+    for toks, turn in zip(w.first, w.turns):
+        full = np.concatenate([toks, turn])
+        pages = list(range(page, page + full.size // P))
+        page += len(pages)
+        t0 = clock()
+        cache.insert(full, pages)
+        second.append(clock() - t0)
+    for toks in w.long:
+        cache.insert(toks, list(range(page, page + toks.size // P)))
+        page += toks.size // P
+    return first, second
+
+
+def bench_match(tree: RadixTree, naive: NaiveCache, w: Workload, reps: int) -> dict[str, Any]:
+    cases = {
+        "hit_4k": [w.first[i % len(w.first)] for i in range(reps)],
+        "hit_32k": [w.long[i % len(w.long)] for i in range(reps)],
+        "miss_4k": [w.miss4k] * reps,
+        "miss_32k": [w.miss32k] * reps,
+    }
+    out: dict[str, Any] = {}
+    for name, inputs in cases.items():
+        ours = _time_each(lambda i: tree.match(NS, inputs[i]), reps)
+        base = _time_each(lambda i: naive.match(inputs[i]), max(20, reps // 20))
+        o, b = _us(ours), _us(base)
+        out[name] = {"ours": o, "naive": b, "speedup": _ratio(b["median_us"], o["median_us"])}
+    return out
+
+
+def bench_evict(w: Workload, pages_to_evict: int) -> dict[str, Any]:
+    tree = RadixTree(P, make_eviction_policy("lru"))
+    pool = PageAllocator(len(w.first) * 320 + len(w.long) * 2048 + 1024)
+    build(tree, pool, w)
+    t0 = time.perf_counter()
+    freed = tree.evict(pages_to_evict)
+    ours = time.perf_counter() - t0
+    naive = NaiveCache(P)
+    build_naive(naive, w)
+    t0 = time.perf_counter()
+    naive.evict(pages_to_evict)
+    base = time.perf_counter() - t0
+    return {
+        "pages": int(freed.size),
+        "ours_ms": round(ours * 1e3, 3),
+        "naive_ms": round(base * 1e3, 3),
+        "speedup": _ratio(base, ours),
+    }
+
+
+def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -> dict[str, Any]:
+    """Multi-turn chats: each request matches + locks, makes room, unlocks and
+    inserts (unlocking just before the insert, as ``RadixCache.commit`` does,
+    lets a chat's leaf grow in place)."""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, VOCAB, SYSTEM, dtype=np.int32)
+    convs = [system.copy() for _ in range(conversations)]
+    schedule = [c for _ in range(turns) for c in rng.permutation(conversations).tolist()]
+    seqs = []  # each request's whole token sequence, built before timing
+    for c in schedule:
+        convs[c] = np.concatenate([convs[c], rng.integers(0, VOCAB, 256, dtype=np.int32)])
+        seqs.append(convs[c])
+
+    tree = RadixTree(P, make_eviction_policy("lru"))
+    pool = PageAllocator(capacity)
+    hit = 0
+    total = 0
+    t0 = time.perf_counter()
+    for seq in seqs:
+        m = tree.match(NS, seq)
+        node = m.last_device_node
+        if node is not None:
+            tree.lock(node)
+        hit += m.device_len
+        total += seq.size
+        need = seq.size // P - m.device_pages.size
+        if need > pool.free_count:
+            pool.free(tree.evict(need - pool.free_count))
+        pages = pool.allocate(need)
+        assert pages is not None
+        if node is not None:  # as RadixCache.commit: unlock, then insert
+            tree.unlock(node)
+        res = tree.insert(NS, seq[: seq.size - seq.size % P], np.concatenate([m.device_pages, pages]))
+        if res.existing_pages > m.device_pages.size:
+            pool.free(pages[: res.existing_pages - m.device_pages.size])
+    ours = time.perf_counter() - t0
+
+    naive = NaiveCache(P)
+    free = capacity
+    next_page = 0
+    t0 = time.perf_counter()
+    for seq in seqs:
+        length, mpages, nnode = naive.match(seq)
+        naive.lock(nnode)
+        need = seq.size // P - len(mpages)
+        if need > free:
+            free += len(naive.evict(need - free))
+        new = list(range(next_page, next_page + need))
+        next_page += need
+        existing, _ = naive.insert(seq[: seq.size - seq.size % P], mpages + new)
+        free -= need - max(0, existing - len(mpages))
+        naive.unlock(nnode)
+    base = time.perf_counter() - t0
+    n = len(schedule)
+    return {
+        "requests": n,
+        "capacity_pages": capacity,
+        "token_hit_ratio": round(hit / total, 3),
+        "ours_req_per_s": round(n / ours),
+        "naive_req_per_s": round(n / base),
+        "speedup": _ratio(base, ours),
+    }
+
+
+def bench_hash(reps: int) -> dict[str, Any]:
+    toks = np.random.default_rng(2).integers(0, VOCAB, 32768, dtype=np.int32)
+    parent = bytes(16)
+    ours = _time_each(lambda _: chain_keys(parent, toks, P), reps)
+    base = _time_each(lambda _: naive_page_hashes(toks, P), max(3, reps // 5))
+    o, b = _us(ours), _us(base)
+    return {
+        "tokens": 32768,
+        "ours_ms": round(o["median_us"] / 1e3, 3),
+        "naive_sha256_pickle_ms": round(b["median_us"] / 1e3, 3),
+        "speedup": _ratio(b["median_us"], o["median_us"]),
+    }
+
+
+def bench_memory(w: Workload) -> dict[str, Any]:
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    tree = RadixTree(P, make_eviction_policy("lru"))
+    pool = PageAllocator(len(w.first) * 320 + len(w.long) * 2048 + 1024)
+    build(tree, pool, w)
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    naive = NaiveCache(P)
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    build_naive(naive, w)
+    naive_used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return {
+        "cached_pages": tree.device_pages,
+        "nodes": tree.node_count,
+        "ours_bytes_per_page": round(used / tree.device_pages, 1),
+        "ours_bytes_per_page_without_tokens": round(
+            (used - tree.device_pages * P * 4) / tree.device_pages, 1
+        ),
+        "naive_bytes_per_page": round(naive_used / naive.size, 1),
+        "pool_capacity_pages": pool.capacity,
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    conversations = 80 if quick else 450
+    w = Workload(conversations, long_docs=4 if quick else 8)
+    tree = RadixTree(P, make_eviction_policy("lru"))
+    pool = PageAllocator(conversations * 320 + len(w.long) * 2048 + 1024)
+    first, second = build(tree, pool, w)
+    naive = NaiveCache(P)
+    nfirst, nsecond = build_naive(naive, w)
+    ins: dict[str, dict[str, Any]] = {
+        "insert_4k_shared_system": {"ours": _us(first), "naive": _us(nfirst)},
+        "insert_turn2_4k+512": {"ours": _us(second), "naive": _us(nsecond)},
+    }
+    for v in ins.values():
+        v["speedup"] = _ratio(v["naive"]["median_us"], v["ours"]["median_us"])
+    result: dict[str, Any] = {
+        "benchmark": "tree",
+        "page_size": P,
+        "tree_pages": tree.device_pages,
+        "tree_nodes": tree.node_count,
+        "insert": ins,
+        "match": bench_match(tree, naive, w, reps=300 if quick else 2000),
+        "evict_10k_pages": bench_evict(w, 10_000 if not quick else 2_000),
+        "mixed_replay": mixed_replay(
+            conversations=60 if quick else 200,
+            turns=6 if quick else 10,
+            capacity=20_000 if quick else 60_000,
+        ),
+        "page_hash_32k": bench_hash(reps=10 if quick else 40),
+        "memory": bench_memory(w),
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radixcache.bench tree", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
+    args = parser.parse_args(argv)
+    json.dump(run(args.quick), sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
