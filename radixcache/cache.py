@@ -25,6 +25,7 @@ from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
 from radixcache.node import Node, PageIds
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
+from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
 from transfer import DeviceKVBuffer, KVSpec, PageAllocator
@@ -45,6 +46,7 @@ class CacheConfig:
     device: str = "cpu"  # "cuda" when present, else the CPU
     eviction_policy: str = "lru"  # lru, lfu, fifo, priority (see radixcache.eviction)
     allocate_kv: bool = True  # False: index and pools only, no KV tensors
+    tiers: TierConfig | None = None  # host (and storage) tiers; None: device only
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, KVSpec):
@@ -60,6 +62,8 @@ class CacheConfig:
                 f"device_bytes={self.device_bytes} holds no page of {self.spec.page_bytes} B"
             )
         make_eviction_policy(self.eviction_policy)  # validates the name
+        if self.tiers is not None and not self.allocate_kv:
+            raise ValueError("host and storage tiers need KV tensors (allocate_kv=True)")
 
     @property
     def num_device_pages(self) -> int:
@@ -90,6 +94,12 @@ class RadixCache:
         self._live: dict[int, Request] = {}
         self._next_rid = 0
         self._forgotten: set[Namespace] = set()
+        self.tiers: Tiers = NullTiers()
+        if config.tiers is not None:
+            assert self.kv is not None
+            self.tiers = HostTiers(
+                self.tree, self.kv, config.tiers, self._allocate_or_none, self.pool.free
+            )
 
     # ------------------------------------------------------------------ lifecycle
     def admit(
@@ -123,6 +133,7 @@ class RadixCache:
         req.shared_pages = req.num_pages
         req.cached_len = req.num_computed = req.reserved_tokens = match.device_len
         self._live[req.rid] = req
+        self.tiers.on_admit(req, match, arr)
         c = self.counters
         c.requests += 1
         c.prompt_tokens += int(arr.size)
@@ -142,6 +153,8 @@ class RadixCache:
         self._check_live(req)
         if not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"reserve takes a non-negative int, got {num_tokens!r}")
+        if req.pending:
+            self.tiers.resolve(req)
         target = req.num_computed + num_tokens
         if target > req.reserved_tokens:
             need = -(-target // self.page_size) - req.num_pages
@@ -166,6 +179,8 @@ class RadixCache:
         self._check_live(req)
         if not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"commit takes a non-negative int, got {num_tokens!r}")
+        if req.pending:
+            self.tiers.resolve(req)
         end = req.num_computed + num_tokens
         if end > req.reserved_tokens:
             raise ValueError(
@@ -193,6 +208,10 @@ class RadixCache:
         result = self.tree.insert(
             req.namespace, req.tokens[: full * p], table[:full], req.priority
         )
+        # A busy node (pages in flight) can stop the insert early: the pages
+        # after it stay private to this request and are inserted by a later
+        # commit or freed at release.
+        full = result.inserted_pages
         # Pages [shared_pages, existing) were computed by this request but are
         # already cached: adopt the tree's pages, free ours.
         dup_from, dup_to = req.shared_pages, max(result.existing_pages, req.shared_pages)
@@ -202,9 +221,11 @@ class RadixCache:
             self.pool.free(dup)
             self.counters.duplicate_pages += dup_to - dup_from
         self.counters.committed_pages += full - dup_to
-        self.tree.lock(result.last_node)
-        req.locked_node = result.last_node
+        if full:
+            self.tree.lock(result.last_node)
+            req.locked_node = result.last_node
         req.shared_pages = full
+        self.tiers.on_insert(result)
 
     def release(self, req: Request) -> None:
         """End ``req``: unlock its cached pages and free its private ones.
@@ -213,6 +234,8 @@ class RadixCache:
         Raises RequestStateError if ``req`` was already released.
         """
         self._check_live(req)
+        if req.pending:
+            self.tiers.abandon(req)
         if req.locked_node is not None:
             self.tree.unlock(req.locked_node)
             req.locked_node = None
@@ -229,25 +252,41 @@ class RadixCache:
     def _allocate(self, n: int) -> PageIds:
         pages = self.pool.allocate(n)
         if pages is None:
-            short = n - self.pool.free_count
-            freed = self.tree.evict(short)
-            if freed.size:
-                self.pool.free(freed)
-                self.counters.evicted_pages += int(freed.size)
+            self.evict(n - self.pool.free_count)
             pages = self.pool.allocate(n)
         if pages is None:
             self.counters.out_of_pages += 1
             raise OutOfPagesError(n, self.pool.free_count, self.tree.evictable_pages)
         return pages
 
+    def _allocate_or_none(self, n: int) -> PageIds | None:
+        try:
+            return self._allocate(n)
+        except OutOfPagesError:
+            return None
+
     def evict(self, num_pages: int) -> int:
-        """Evict at least ``num_pages`` unlocked cached pages if there are that
-        many; returns how many were freed."""
-        freed = self.tree.evict(num_pages)
+        """Evict at least ``num_pages`` unlocked cached device pages if there are
+        that many (pages with a host copy stay cached on the host); returns how
+        many device pages were freed."""
+        result = self.tree.evict(num_pages, self.tiers.before_device_drop)
+        freed = result.device_pages
         if freed.size:
             self.pool.free(freed)
             self.counters.evicted_pages += int(freed.size)
+        self.tiers.free_host(result.host_pages)
         return int(freed.size)
+
+    def poll(self) -> int:
+        """Apply finished tier jobs (backups, loads, storage) to the cache.
+
+        Call once per step on the owner thread; returns how many finished.
+        """
+        return self.tiers.poll()
+
+    def close(self) -> None:
+        """Finish in-flight tier jobs and stop their threads."""
+        self.tiers.close()
 
     # ------------------------------------------------------------------ bulk
     def forget_namespace(self, namespace: Namespace) -> int:
@@ -259,6 +298,8 @@ class RadixCache:
         result = self.tree.forget(namespace)
         if result.device_page_ids.size:
             self.pool.free(result.device_page_ids)
+        self.tiers.free_host(result.host_page_ids)
+        self.tiers.forget(namespace.digest())
         if result.pending_pages:
             self._forgotten.add(namespace)
         else:
@@ -277,14 +318,19 @@ class RadixCache:
                 f"reset refused: {len(self._live)} live requests hold pages; "
                 f"release them or pass force=True"
             )
+        self.tiers.drain()
         for req in self._live.values():
             req.released = True
             req.locked_node = None
             req.num_pages = 0
+            req.pending = []
         self._live.clear()
         self._forgotten.clear()
-        self.tree.reset()
-        self.pool = PageAllocator(self.pool.capacity, "device")
+        device, host = self.tree.reset()
+        self.pool.free(device)
+        self.tiers.free_host(host)
+        leftover = self.pool.allocated_ids()  # private pages of the ended requests
+        self.pool.free(leftover)
 
     # ------------------------------------------------------------------ views
     def stats(self) -> CacheStats:
@@ -322,9 +368,23 @@ class RadixCache:
         if self._live.get(req.rid) is not req:
             raise RequestStateError(f"request {req.rid} does not belong to this cache")
 
+    def _job_locks(self) -> dict[Node, int]:
+        """Locks held by in-flight tier jobs, per node."""
+        locks: dict[Node, int] = {}
+        controller = getattr(self.tiers, "controller", None)
+        if controller is None:
+            return locks
+        for job in controller.jobs():
+            tag = job.tag
+            node = tag if isinstance(tag, Node) else getattr(tag, "nodes", [None])[-1]
+            if node is not None:
+                locks[node] = locks.get(node, 0) + 1
+        return locks
+
     def check_integrity(self) -> None:
-        """Verify the tree, the pool and every live request agree (no leaks,
-        no double ownership, exact lock counts). AssertionError if not."""
+        """Verify the tree, the pools, in-flight jobs and every live request
+        agree (no leaks, no double ownership, exact lock counts). AssertionError
+        if not."""
         locks: dict[Node, int] = {}
         private: list[PageIds] = []
         for req in self._live.values():
@@ -336,17 +396,19 @@ class RadixCache:
             private.append(table[req.shared_pages :])
             if req.shared_pages:
                 assert req.locked_node is not None, f"{req!r} shares pages without a lock"
-        self.tree.check_integrity(locks)
+        self.tree.check_integrity(locks, self._job_locks())
         self.pool.check_integrity()
+        self.tiers.check_integrity()
         tree_pages = self.tree.device_page_ids()
-        owned = np.concatenate([tree_pages, *private]) if private else tree_pages
+        job_pages = self.tiers.job_device_pages()
+        owned = np.concatenate([tree_pages, job_pages, *private])
         assert np.unique(owned).size == owned.size, "a device page is owned twice"
         allocated = self.pool.allocated_ids()
         assert np.array_equal(np.sort(owned), allocated), (
             f"pool accounting: {allocated.size} allocated, {owned.size} owned by tree and requests"
         )
         for req in self._live.values():
-            if req.locked_node is None:
+            if req.locked_node is None or req.pending:
                 continue
             parts: list[PageIds] = []
             node: Node | None = req.locked_node

@@ -47,6 +47,7 @@ class Node:
         "uid",
         "keys",
         "heap_seq",
+        "busy",
     )
 
     def __init__(
@@ -71,6 +72,7 @@ class Node:
         self.uid = uid  # creation tick: unique, also the FIFO order
         self.keys: bytes | None = None  # cached 16-byte page keys (a prefix of them, lazily)
         self.heap_seq = -1  # sequence number of this node's newest eviction-heap entry
+        self.busy = 0  # tier jobs in flight on its pages: never split, never adopted
 
     @property
     def is_root(self) -> bool:
@@ -112,6 +114,15 @@ class InsertResult:
     last_node: Node  # node holding the last inserted page
     new_nodes: list[Node]  # nodes whose device pages came from this insert, in path order
     new_node_offsets: list[int]  # for each, the sequence index of the first page this insert gave it
+    inserted_pages: int  # leading pages of the sequence now in the tree (all unless a busy node stopped it)
+
+
+@dataclass(slots=True)
+class EvictResult:
+    """Pages released by an eviction; the caller frees them in its pools."""
+
+    device_pages: PageIds  # device pages dropped
+    host_pages: PageIds  # host pages of host-only descendants removed with them
 
 
 @dataclass(slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from radixcache.namespace import Namespace
@@ -37,6 +39,7 @@ class Request:
         "shared_pages",
         "locked_node",
         "released",
+        "pending",
     )
 
     def __init__(self, rid: int, namespace: Namespace, tokens: TokenArray, priority: int) -> None:
@@ -53,6 +56,7 @@ class Request:
         self.shared_pages = 0  # leading pages owned by the tree
         self.locked_node: Node | None = None  # node this request locks (None: nothing)
         self.released = False  # set by release
+        self.pending: list[Any] = []  # tier loads this request waits for (oldest first)
 
     @property
     def tokens(self) -> TokenArray:
@@ -60,6 +64,11 @@ class Request:
         view = self._tokens[: self.num_tokens]
         view.flags.writeable = False
         return view
+
+    @property
+    def ready(self) -> bool:
+        """True when no page of ``page_table`` is still being loaded."""
+        return not self.pending
 
     @property
     def page_table(self) -> PageIds:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from radixcache.hashing import KEY_BYTES, chain_keys
 from radixcache.namespace import Namespace
 from radixcache.node import (
     EMPTY_PAGES,
+    EvictResult,
     ForgetResult,
     InsertResult,
     MatchResult,
@@ -107,6 +108,8 @@ class RadixTree:
                 break
             matched = self._common_len(child.key, tokens, pos, n)
             if matched < child.key.size:
+                if child.busy:
+                    break  # pages in flight: match up to the node before it
                 child = self._split(child, matched // p)
             child.last_access = tick
             child.hit_count += 1
@@ -213,6 +216,8 @@ class RadixTree:
             if child is None:
                 break
             matched = self._common_len(child.key, tokens, pos, total)
+            if child.busy and (matched < child.key.size or child.device is None):
+                break  # pages in flight: no split, no adoption; insert stops here
             if matched < child.key.size:
                 child = self._split(child, matched // p)
             child.last_access = tick
@@ -230,6 +235,11 @@ class RadixTree:
             parts.append(child.device)
             pos += matched
             node = child
+        blocked = pos < total and (
+            (child := node.children.get(tokens[pos : pos + p].tobytes())) is not None
+        )
+        if blocked:  # stopped at a busy node: the rest stays with the caller
+            return InsertResult(existing, _concat(parts), node, new_nodes, offsets, pos // p)
         if pos < total and self._can_extend(node):
             self._extend_leaf(node, tokens[pos:], pages[pos // p :])
             new_nodes.append(node)
@@ -246,7 +256,7 @@ class RadixTree:
             offsets.append(pos // p)
             parts.append(leaf.device)  # type: ignore[arg-type]
             node = leaf
-        return InsertResult(existing, _concat(parts), node, new_nodes, offsets)
+        return InsertResult(existing, _concat(parts), node, new_nodes, offsets, total // p)
 
     def _can_extend(self, node: Node) -> bool:
         """Whether new pages may be appended to ``node`` itself.
@@ -263,6 +273,7 @@ class RadixTree:
             and node.host is None
             and not node.stored
             and node.device is not None
+            and not node.busy
         )
 
     def _extend_leaf(self, node: Node, tokens: TokenArray, pages: PageIds) -> None:
@@ -326,15 +337,21 @@ class RadixTree:
             n = n.parent
 
     # ------------------------------------------------------------------ eviction
-    def evict(self, num_pages: int) -> PageIds:
+    def evict(
+        self, num_pages: int, before_drop: Callable[[Node], None] | None = None
+    ) -> EvictResult:
         """Drop device pages of unlocked leaves until ``num_pages`` are freed.
 
         Leaves go in policy order; a parent whose last device child went
         becomes a candidate. Whole nodes are evicted, so more pages than asked
-        may come back. A node left with no residency is removed. Returns the
-        freed device page ids (the caller frees them in its pool).
+        may come back. ``before_drop(node)`` runs first for each victim (the
+        tiers back it up there when their policy says so). A victim keeps its
+        place in the tree if it has a host copy; otherwise it is removed, with
+        any host-only descendants. Returns the released page ids (the caller
+        frees them in its pools).
         """
-        freed: list[PageIds] = []
+        dev: list[PageIds] = []
+        host: list[PageIds] = []
         count = 0
         if len(self._heap) > 2 * len(self._evictable) + 64:
             self._rebuild_heap()  # mostly superseded entries: cheaper to start over
@@ -347,10 +364,12 @@ class RadixTree:
             if key(node) != entry_key:
                 self._push(node)  # touched since it was pushed
                 continue
-            pages = self.drop_device(node)
-            freed.append(pages)
+            if before_drop is not None:
+                before_drop(node)
+            pages = self.drop_device(node, host)
+            dev.append(pages)
             count += pages.size
-        return _concat(freed)
+        return EvictResult(_concat(dev), _concat(host))
 
     def _rebuild_heap(self) -> None:
         self._heap = []
@@ -359,11 +378,12 @@ class RadixTree:
             self._heap.append((self.policy.key(node), node.heap_seq, node))
         heapq.heapify(self._heap)
 
-    def drop_device(self, node: Node) -> PageIds:
+    def drop_device(self, node: Node, host_out: list[PageIds] | None = None) -> PageIds:
         """Remove ``node``'s device residency (it must be an unlocked device leaf).
 
-        Returns its device page ids. The node is removed from the tree when it
-        has no host copy either.
+        Returns its device page ids. Without a host copy the node leaves the
+        tree, and so do its (host-only) descendants, whose host page ids are
+        appended to ``host_out``.
         """
         pages = node.device
         parent = node.parent
@@ -375,6 +395,13 @@ class RadixTree:
         self._evictable.discard(node)
         parent.device_children -= 1
         if node.host is None:
+            lost: list[PageIds] = [] if host_out is None else host_out
+            for child in list(node.children.values()):
+                assert child.lock_ref == 0 and not child.busy, "a protected node under a victim"
+                del node.children[child.key[: self.page_size].tobytes()]
+                for gone in self._subtree(child):
+                    self._discount(gone, [], lost)
+            assert host_out is not None or not lost, "host pages dropped with nowhere to go"
             self._remove_node(node)
         self._update_candidate(parent)
         return pages
@@ -386,6 +413,95 @@ class RadixTree:
         self.node_count -= 1
         if parent.parent is None and not parent.children:
             del self._roots[parent.namespace]
+
+    # ------------------------------------------------------------------ host tier
+    def attach_host(self, node: Node, pages: PageIds) -> None:
+        """Record that ``node``'s pages now also live in host ``pages``."""
+        assert node.host is None and node.parent is not None
+        assert pages.size * self.page_size == node.key.size, "host pages do not cover the node"
+        node.host = pages
+        self.host_pages += pages.size
+
+    def attach_device(self, node: Node, pages: PageIds) -> None:
+        """Record that a host-only ``node`` is back on the device in ``pages``.
+
+        Its parent must be on the device already (load back in path order).
+        """
+        parent = node.parent
+        assert parent is not None and (parent.parent is None or parent.device is not None), (
+            "device residency must stay prefix-closed"
+        )
+        assert pages.size * self.page_size == node.key.size, "device pages do not cover the node"
+        self._attach_device(node, pages)
+
+    def drop_host(self, node: Node) -> PageIds:
+        """Remove ``node``'s host residency; the node leaves the tree if it is
+        not on the device either (it must then have no children)."""
+        pages = node.host
+        assert pages is not None and not node.busy and node.lock_ref == 0
+        node.host = None
+        self.host_pages -= pages.size
+        if node.device is None:
+            self._remove_node(node)
+            parent = node.parent
+            assert parent is not None
+            self._update_candidate(parent)
+        return pages
+
+    def insert_host_leaf(
+        self, namespace: Namespace, parent: Node | None, tokens: TokenArray, host_pages: PageIds
+    ) -> Node | None:
+        """Add a host-only, stored leaf of pages read back from storage.
+
+        ``parent`` None means the namespace root. Returns None, changing
+        nothing, if the parent already has a child for the first page.
+        """
+        p = self.page_size
+        assert host_pages.size * p == tokens.size > 0
+        if parent is None:
+            parent = self._roots.get(namespace)
+            if parent is None:
+                parent = Node(tokens[:0].copy(), None, namespace, -1)
+                self._roots[namespace] = parent
+        first = tokens[:p].tobytes()
+        if first in parent.children:
+            return None
+        self._tick += 1
+        leaf = Node(tokens.copy(), parent, namespace, self._tick)
+        leaf.host = host_pages.copy()
+        leaf.stored = True
+        parent.children[first] = leaf
+        self.node_count += 1
+        self.host_pages += host_pages.size
+        return leaf
+
+    def is_attached(self, node: Node) -> bool:
+        """True if ``node`` is still part of the tree."""
+        parent = node.parent
+        if parent is None:
+            return self._roots.get(node.namespace) is node
+        return (
+            parent.children.get(node.key[: self.page_size].tobytes()) is node
+            and self.is_attached(parent)
+        )
+
+    def host_candidates(self) -> list[Node]:
+        """Nodes whose host copy may be dropped now, in policy order.
+
+        Unlocked, no job in flight, and either still on the device or without
+        children (so dropping leaves no orphan). O(nodes).
+        """
+        key = self.policy.key
+        found = [
+            n
+            for n in self.nodes()
+            if n.host is not None
+            and n.lock_ref == 0
+            and not n.busy
+            and (n.device is not None or not n.children)
+        ]
+        found.sort(key=key)
+        return found
 
     # ------------------------------------------------------------------ hashes
     def page_keys(self, node: Node) -> bytes:
@@ -496,13 +612,21 @@ class RadixTree:
         return list(self._roots)
 
     # ------------------------------------------------------------------ checks
-    def check_integrity(self, locks: dict[Node, int] | None = None) -> None:
+    def check_integrity(
+        self, locks: dict[Node, int] | None = None, job_locks: dict[Node, int] | None = None
+    ) -> None:
         """Verify every structural invariant and counter; AssertionError if broken.
 
         ``locks`` maps each node to the number of ``lock`` calls the caller
-        holds on it; when given, every node's ``lock_ref`` must equal its own
-        locks plus its children's ``lock_ref``.
+        holds on it (``job_locks`` adds those of in-flight jobs); when given,
+        every node's ``lock_ref`` must equal its own locks plus its children's
+        ``lock_ref``, and ``busy`` must equal its job count.
         """
+        if locks is not None and job_locks:
+            merged = dict(locks)
+            for node, n in job_locks.items():
+                merged[node] = merged.get(node, 0) + n
+            locks = merged
         p = self.page_size
         device_pages = evictable = host_pages = count = 0
         seen_device: list[PageIds] = []

@@ -9,7 +9,7 @@ interleaved in the same run, and reports the ratios (target: >= 0.5). With
 CUDA it also times the CUDA engine's device-to-host and host-to-device copies
 against plain pinned copies of the same bytes (target: >= 0.8).
 
-    python -m radixcache.bench.copy [--pages 64] [--repeat 7] ...
+    python -m radixcache.bench copy [--quick] [--pages 64] [--repeat 7] ...
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ if __package__ in (None, ""):
     # file would shadow the standard library's ``copy``: put the repo root there.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from transfer.allocator import PageAllocator  # noqa: E402
-from transfer.engine import CopyEngine, CpuCopyEngine  # noqa: E402
-from transfer.host import HostKVBuffer  # noqa: E402
-from transfer.layout import DeviceKVBuffer, KVSpec  # noqa: E402
+from transfer.allocator import PageAllocator
+from transfer.engine import CopyEngine, CpuCopyEngine
+from transfer.host import HostKVBuffer
+from transfer.layout import DeviceKVBuffer, KVSpec
 
 CPU_TARGET = 0.5
 CUDA_TARGET = 0.8
@@ -53,6 +53,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA part even with a GPU")
+    p.add_argument("--quick", action="store_true", help="8 pages, 3 repeats: a smoke run")
     return p.parse_args(argv)
 
 
@@ -73,7 +74,9 @@ def _interleaved(cases: dict[str, Callable[[], None]], repeat: int) -> dict[str,
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _copy(engine: CopyEngine, direction: str, src: np.ndarray, dst: np.ndarray) -> Callable[[], None]:
+def _copy(
+    engine: CopyEngine, direction: str, src: np.ndarray, dst: np.ndarray
+) -> Callable[[], None]:
     submit = engine.device_to_host if direction == "d2h" else engine.host_to_device
 
     def run() -> None:
@@ -85,7 +88,9 @@ def _copy(engine: CopyEngine, direction: str, src: np.ndarray, dst: np.ndarray) 
     return run
 
 
-def _report(seconds: dict[str, float], nbytes: int, baseline: str, target: float) -> dict[str, object]:
+def _report(
+    seconds: dict[str, float], nbytes: int, baseline: str, target: float
+) -> dict[str, object]:
     gbps = {name: nbytes / s / 1e9 for name, s in seconds.items()}
     out: dict[str, object] = {f"{name}_gbps": round(v, 2) for name, v in gbps.items()}
     ratios = {name: gbps[name] / gbps[baseline] for name in gbps if name != baseline}
@@ -95,7 +100,9 @@ def _report(seconds: dict[str, float], nbytes: int, baseline: str, target: float
     return out
 
 
-def _bench_cpu(spec: KVSpec, args: argparse.Namespace, rng: np.random.Generator) -> dict[str, object]:
+def _bench_cpu(
+    spec: KVSpec, args: argparse.Namespace, rng: np.random.Generator
+) -> dict[str, object]:
     n = args.pages
     dev = DeviceKVBuffer(spec, args.device_pages)
     host = HostKVBuffer(spec, args.host_pages)
@@ -133,7 +140,9 @@ def _bench_cpu(spec: KVSpec, args: argparse.Namespace, rng: np.random.Generator)
     return _report(seconds, nbytes, "memcpy", CPU_TARGET)
 
 
-def _bench_cuda(spec: KVSpec, args: argparse.Namespace, rng: np.random.Generator) -> dict[str, object]:
+def _bench_cuda(
+    spec: KVSpec, args: argparse.Namespace, rng: np.random.Generator
+) -> dict[str, object]:
     from transfer.cuda_engine import CudaCopyEngine
     from transfer.pinned import allocate_pinned
 
@@ -170,7 +179,10 @@ def _bench_cuda(spec: KVSpec, args: argparse.Namespace, rng: np.random.Generator
     finally:
         engine.close()
     gbps = {name: nbytes / s / 1e9 for name, s in seconds.items()}
-    d2h, h2d = gbps["device_to_host"] / gbps["plain_d2h"], gbps["host_to_device"] / gbps["plain_h2d"]
+    d2h, h2d = (
+        gbps["device_to_host"] / gbps["plain_d2h"],
+        gbps["host_to_device"] / gbps["plain_h2d"],
+    )
     out: dict[str, object] = {f"{name}_gbps": round(v, 2) for name, v in gbps.items()}
     out.update(
         device_to_host_ratio=round(d2h, 3),
@@ -184,6 +196,8 @@ def _bench_cuda(spec: KVSpec, args: argparse.Namespace, rng: np.random.Generator
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.quick:
+        args.pages, args.repeat = 8, 3
     spec = KVSpec(
         num_layers=args.layers,
         num_kv_heads=args.kv_heads,
@@ -194,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     args.device_pages = args.device_pages or 3 * args.pages
     args.host_pages = args.host_pages or 2 * args.pages
     if args.pages <= 0 or args.pages > min(args.device_pages, args.host_pages):
-        print(f"--pages must be in [1, {min(args.device_pages, args.host_pages)}]", file=sys.stderr)
+        print(
+            f"--pages must be in [1, {min(args.device_pages, args.host_pages)}]",
+            file=sys.stderr,
+        )
         return 2
     rng = np.random.default_rng(args.seed)
     result: dict[str, object] = {

@@ -1,26 +1,29 @@
 """Event stream benchmark: ``python -m radixcache.bench events [--quick]``.
 
-Prints one JSON object. Stores come as 16-page ``BlockStored`` events
-(random 63-bit hashes, token ids below a 128k vocabulary), ``--events-per-batch``
-of them per batch (one engine step).
+Prints one JSON object. Stores come as 16-page ``BlockStored`` events (random
+63-bit hashes, token ids below a 128k vocabulary), ``--events-per-batch`` of
+them per batch (one engine step). Rates are pages per second.
 
-(a) ``baseline``: a plain msgpack loop in one thread -- build each event's map,
-    ``msgpack.packb`` the batch, ``msgpack.unpackb`` it -- no sockets, no checks.
-(b) ``end_to_end``: an engine process publishes through ``ZmqEventPublisher``
-    (checks, sequence numbers, replay buffer, encode on its thread, PUB over
-    loopback TCP); this process receives with ``EventSubscriber`` (SUB, frame
-    and sequence checks, strict decode) into a sink that counts pages. The
-    figure is pages over the time from the first publish to the last decode.
-    ``publisher_pages_per_s`` is pages over the time the publisher needed to
-    hand everything to its socket; ``subscriber_pages_per_s`` is pages over
-    the subscriber's own CPU time (its capacity). ``subscriber_keeps_up`` says
-    whether the subscriber's capacity is at least the publisher's rate.
-(c) ``index_apply``: the same batches decoded and applied to a ``KvIndex``
-    (rehash of every block, refcounts), in one thread: what a router adds on
-    top of decoding.
+(a) ``baseline_plain_msgpack``: a plain msgpack loop in one thread -- build
+    each event's map, ``msgpack.packb`` the batch, ``msgpack.unpackb`` it; no
+    sockets, no checks. The reference figure of the architecture page.
+(b) ``codec_one_thread``: our encoder and strict decoder, each alone.
+(c) ``end_to_end``: an engine process publishes through ``ZmqEventPublisher``
+    (record checks, sequence numbers, replay buffer, encoding on the
+    publisher thread, PUB over loopback TCP); this process follows it with
+    ``EventSubscriber`` (SUB, frame and sequence checks, strict decode) into
+    a sink that counts pages. ``pages_per_s`` is pages over the time from the
+    first publish to the last decode. ``*_pages_per_cpu_s`` divide by each
+    process's CPU time: the rate each side could carry on a core of its own;
+    ``subscriber_keeps_up`` compares the two.
+(d) ``plain_two_process``: the same two processes with a bare PUB/SUB pair and
+    plain packb/unpackb (no checks, no thread, no replay): what pipelining
+    alone gives on this machine, the ceiling for (c).
+(e) ``index_apply``: decode + apply to a ``KvIndex`` (rehash of every block,
+    reference counts) in one thread: what a router adds on top of decoding.
 
-The end-to-end run is repeated (``--repeat``) and the best one reported, as
-other processes on a shared machine only ever slow a run down.
+End-to-end runs are repeated (``--repeat``) and the best reported: other
+processes on a shared machine only ever slow a run down.
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ if __name__ in ("__main__", "__mp_main__"):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
 import msgpack  # noqa: E402
+import zmq  # noqa: E402
 
 from events import (  # noqa: E402
     GPU,
     BatchEncoder,
+    BlockRemoved,
     BlockStored,
     EventBatch,
     EventSubscriber,
@@ -59,10 +64,12 @@ from events import (  # noqa: E402
 PAGES = 16  # pages (blocks) per BlockStored event
 PAGE = 16  # tokens per page
 VOCAB = 128_000
+DISTINCT = 32  # batches cycled through by the publishing side
+PROBE = [BlockRemoved([(1 << 63) - 1], GPU)]  # a harmless batch (removes nothing)
 
 
 def make_batches(count: int, per_batch: int, seed: int = 0) -> list[list[BlockStored]]:
-    """``count`` distinct batches of ``per_batch`` chained 16-page stores."""
+    """``count`` distinct batches of ``per_batch`` 16-page stores."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
@@ -75,27 +82,30 @@ def make_batches(count: int, per_batch: int, seed: int = 0) -> list[list[BlockSt
     return out
 
 
+def plain_maps(batch: list[BlockStored]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "BlockStored",
+            "block_hashes": e.block_hashes,
+            "parent_block_hash": e.parent_block_hash,
+            "token_ids": e.token_ids,
+            "block_size": e.block_size,
+            "medium": e.medium,
+        }
+        for e in batch
+    ]
+
+
 def bench_baseline(batches: list[list[BlockStored]], rounds: int) -> dict[str, Any]:
     """Plain msgpack loop: maps built inline, packb + unpackb, one thread."""
     pages = 0
     t0 = time.perf_counter()
     for _ in range(rounds):
         for batch in batches:
-            maps = [
-                {
-                    "type": "BlockStored",
-                    "block_hashes": e.block_hashes,
-                    "parent_block_hash": e.parent_block_hash,
-                    "token_ids": e.token_ids,
-                    "block_size": e.block_size,
-                    "medium": e.medium,
-                }
-                for e in batch
-            ]
-            raw = msgpack.unpackb(msgpack.packb([time.time(), maps, None]))
+            raw = msgpack.unpackb(msgpack.packb([time.time(), plain_maps(batch), None]))
             pages += sum(len(m["block_hashes"]) for m in raw[1])
     dt = time.perf_counter() - t0
-    return {"pages": pages, "seconds": round(dt, 4), "pages_per_s": round(pages / dt)}
+    return {"pages": pages, "pages_per_s": round(pages / dt)}
 
 
 def bench_codec(batches: list[list[BlockStored]], rounds: int) -> dict[str, Any]:
@@ -116,7 +126,7 @@ def bench_codec(batches: list[list[BlockStored]], rounds: int) -> dict[str, Any]
     return {
         "encode_pages_per_s": round(pages / t_enc),
         "decode_pages_per_s": round(pages / t_dec),
-        "serial_pages_per_s": round(pages / (t_enc + t_dec)),
+        "encode_then_decode_pages_per_s": round(pages / (t_enc + t_dec)),
     }
 
 
@@ -128,8 +138,7 @@ def bench_index(batches: list[list[BlockStored]]) -> dict[str, Any]:
     t0 = time.perf_counter()
     for payload in payloads:
         index.apply_batch("w0", decode_batch(payload))
-    dt = time.perf_counter() - t0
-    return {"pages": pages, "pages_per_s": round(pages / dt)}
+    return {"pages": pages, "pages_per_s": round(pages / (time.perf_counter() - t0))}
 
 
 class _CountingSink:
@@ -151,104 +160,181 @@ class _CountingSink:
         pass
 
 
-def _engine(conn: Any, distinct: int, per_batch: int, total: int) -> None:
-    """The publishing process: waits for "go", publishes ``total`` batches."""
-    batches = make_batches(distinct, per_batch, seed=1)
+def _engine(conn: Any, per_batch: int, total: int, plain: bool) -> None:
+    """The publishing process. "probe" publishes one harmless batch and
+    answers the count published; "go" publishes ``total`` batches and answers
+    timings once all are handed to the socket; "done" ends it."""
+    batches = make_batches(DISTINCT, per_batch, seed=1)
+    if plain:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.bind("tcp://127.0.0.1:*")
+        conn.send((sock.getsockopt_string(zmq.LAST_ENDPOINT), None))
+        seq = 0
+        while conn.recv() == "probe":
+            sock.send_multipart([b"", seq.to_bytes(8, "big"), msgpack.packb([0.0, [], None])])
+            seq += 1
+            conn.send(seq)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for i in range(total):
+            payload = msgpack.packb([time.time(), plain_maps(batches[i % DISTINCT]), None])
+            sock.send_multipart([b"", (seq + i).to_bytes(8, "big"), payload])
+        conn.send((t0, time.perf_counter() - t0, time.process_time() - cpu0, 0))
+        conn.recv()
+        sock.close(1000)
+        ctx.term()
+        return
     config = PublisherConfig(
-        endpoint="tcp://127.0.0.1:*",
-        replay_endpoint="tcp://127.0.0.1:*",
-        queue_size=total + 8,
-        replay_buffer_size=total + 8,
-        send_hwm=total + 8,
+        endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", queue_size=total + 8, send_hwm=total + 8
     )
     with ZmqEventPublisher(config) as pub:
-        conn.send(pub.endpoint)
-        conn.recv()  # the subscriber holds batch 0: it is connected
-        t0 = time.perf_counter()
+        conn.send((pub.endpoint, pub.replay_endpoint))
+        while conn.recv() == "probe":
+            pub.publish(PROBE)
+            conn.send(pub.stats().published)
+        base = pub.stats().sent
+        cpu0, t0 = time.process_time(), time.perf_counter()
         for i in range(total):
-            pub.publish(batches[i % distinct])
-        while pub.stats().sent < total + 1:
-            time.sleep(0.0002)
-        conn.send((t0, time.perf_counter() - t0, pub.stats().dropped))
-        conn.recv()  # the subscriber is done; close (flush) after that
+            pub.publish(batches[i % DISTINCT])
+            time.sleep(0)  # a step's device wait: the GIL is free for the publisher thread
+        while pub.stats().sent < base + total:
+            time.sleep(0.001)
+        conn.send((t0, time.perf_counter() - t0, time.process_time() - cpu0, pub.stats().dropped))
+        conn.recv()  # the subscriber is done; close (and flush) only then
 
 
-def bench_end_to_end(distinct: int, per_batch: int, total: int, timeout_s: float) -> dict[str, Any]:
+def _follow_plain(endpoint: str, parent: Any, total: int) -> tuple[int, float, float]:
+    """Subscribe with a bare SUB socket; returns (pages, last decode time, CPU s)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    while True:  # probe until connected, then drain the probes
+        parent.send("probe")
+        sent = parent.recv()
+        if sock.poll(20):
+            while int.from_bytes(sock.recv_multipart()[1], "big") != sent - 1:
+                pass
+            break
+    cpu0 = time.process_time()
+    parent.send("go")
+    pages = 0
+    for _ in range(total):
+        raw = msgpack.unpackb(sock.recv_multipart()[2])
+        pages += sum(len(m["block_hashes"]) for m in raw[1])
+    last, cpu = time.perf_counter(), time.process_time() - cpu0
+    sock.close(0)
+    ctx.term()
+    return pages, last, cpu
+
+
+def _follow(endpoint: str, replay: str, parent: Any, total_pages: int) -> tuple[int, float, float, dict[str, int]]:
+    """Follow with EventSubscriber; returns (pages, last decode time, CPU s, counters)."""
+    sink = _CountingSink()
+    with EventSubscriber(sink, [WorkerEndpoint("engine", endpoint, replay)], SubscriberConfig(rcv_hwm=0)) as sub:
+        published = 0  # probe until following live and caught up (replay fills the start)
+        deadline = time.monotonic() + 30
+        while sink.batches == 0 or sub.next_seq("engine") < published:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the subscriber never caught up with the engine")
+            parent.send("probe")
+            published = parent.recv()
+            sub.poll(20)
+        sink.pages = sink.batches = 0
+        before = sub.stats()
+        cpu0 = time.process_time()
+        parent.send("go")
+        if not sub.run_until(lambda: sink.pages >= total_pages, 60):
+            raise RuntimeError(f"only {sink.pages} of {total_pages} pages arrived")
+        cpu = time.process_time() - cpu0
+        after = sub.stats()
+    counters = {"gaps": after.gaps - before.gaps, "malformed": after.malformed - before.malformed}
+    return sink.pages, sink.last, cpu, counters
+
+
+def bench_two_process(per_batch: int, total: int, plain: bool) -> dict[str, Any]:
     """One engine process -> this process over loopback PUB/SUB."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_engine, args=(child, distinct, per_batch, total), daemon=True)
+    proc = ctx.Process(target=_engine, args=(child, per_batch, total, plain), daemon=True)
     proc.start()
-    sink = _CountingSink()
     try:
-        if not parent.poll(30):
+        if not parent.poll(60):
             raise RuntimeError("the publishing process did not start")
-        endpoint = parent.recv()
-        config = SubscriberConfig(rcv_hwm=0)
-        with EventSubscriber(sink, [WorkerEndpoint("engine", endpoint)], config) as sub:
-            # Give the connection time to come up. Should it not be up yet, the
-            # first batch seen is a gap and replay fetches what came before.
-            time.sleep(0.3)
-            parent.send("go")
-            cpu0 = time.thread_time()
-            done = sub.run_until(lambda: sink.pages >= total * per_batch * PAGES, timeout_s)
-            cpu = time.thread_time() - cpu0
-            stats = sub.stats()
-        t0, pub_seconds, dropped = parent.recv()
+        endpoint, replay = parent.recv()
+        if plain:
+            pages, last, cpu = _follow_plain(endpoint, parent, total)
+            counters: dict[str, int] = {}
+        else:
+            pages, last, cpu, counters = _follow(endpoint, replay, parent, total * per_batch * PAGES)
+        t0, pub_seconds, pub_cpu, dropped = parent.recv()
         parent.send("done")
     finally:
         proc.join(10)
         if proc.is_alive():
             proc.kill()
-    pages = sink.pages
-    wall = sink.last - t0  # perf_counter is system-wide on Linux (CLOCK_MONOTONIC)
-    pub_rate = total * per_batch * PAGES / pub_seconds
-    sub_rate = pages / cpu if cpu > 0 else 0.0
+    wall = last - t0  # perf_counter is CLOCK_MONOTONIC: comparable across processes
+    pub_rate, sub_rate = pages / pub_cpu, pages / cpu
     return {
-        "complete": done,
         "pages": pages,
-        "batches": total,
-        "seconds": round(wall, 4),
-        "pages_per_s": round(pages / wall) if wall > 0 else 0,
-        "publisher_pages_per_s": round(pub_rate),
-        "subscriber_pages_per_s": round(sub_rate),
+        "pages_per_s": round(pages / wall),
+        "publisher_pages_per_cpu_s": round(pub_rate),
+        "subscriber_pages_per_cpu_s": round(sub_rate),
         "subscriber_keeps_up": sub_rate >= pub_rate,
         "publisher_dropped": dropped,
-        "subscriber_gaps": stats.gaps,
-        "subscriber_malformed": stats.malformed,
+        **{f"subscriber_{k}": v for k, v in counters.items()},
     }
 
 
-def run(quick: bool, per_batch: int, repeat: int) -> dict[str, Any]:
-    distinct = 64 if quick else 256
-    total = 1_000 if quick else 5_000
-    batches = make_batches(distinct, per_batch)
-    baseline = bench_baseline(batches, rounds=2 if quick else 8)
-    codec = bench_codec(batches, rounds=2 if quick else 8)
-    runs = [bench_end_to_end(distinct, per_batch, total, timeout_s=60) for _ in range(repeat)]
+def best_of(repeat: int, per_batch: int, total: int, plain: bool) -> dict[str, Any]:
+    runs = [bench_two_process(per_batch, total, plain) for _ in range(repeat)]
     best = max(runs, key=lambda r: r["pages_per_s"])
-    return {
+    best["all_runs_pages_per_s"] = [r["pages_per_s"] for r in runs]
+    return best
+
+
+def run(quick: bool, batch_sizes: list[int], repeat: int) -> dict[str, Any]:
+    pages_per_run = 128_000 if quick else 640_000
+    ref = make_batches(DISTINCT, 8)
+    baseline = bench_baseline(ref, rounds=4 if quick else 16)
+    out: dict[str, Any] = {
         "pages_per_event": PAGES,
-        "events_per_batch": per_batch,
         "baseline_plain_msgpack": baseline,
-        "codec_one_thread": codec,
-        "end_to_end": best,
-        "end_to_end_all_runs_pages_per_s": [r["pages_per_s"] for r in runs],
-        "index_apply": bench_index(batches),
-        "ratio_end_to_end_vs_baseline": round(best["pages_per_s"] / baseline["pages_per_s"], 2),
-        "target_pages_per_s": 2_000_000,
-        "meets_target": best["pages_per_s"] >= 2_000_000 and best["subscriber_keeps_up"],
+        "codec_one_thread": bench_codec(ref, rounds=4 if quick else 16),
+        "index_apply": bench_index(make_batches(64 if quick else 256, 8, seed=2)),
+        "end_to_end": {},
+        "plain_two_process": {},
     }
+    best: dict[str, Any] = {"pages_per_s": 0}
+    for per_batch in batch_sizes:
+        total = max(50, pages_per_run // (per_batch * PAGES))
+        ours = best_of(repeat, per_batch, total, plain=False)
+        plain = best_of(repeat, per_batch, total, plain=True)
+        ours["ratio_vs_baseline_plain_msgpack"] = round(ours["pages_per_s"] / baseline["pages_per_s"], 2)
+        ours["ratio_vs_plain_two_process"] = round(ours["pages_per_s"] / plain["pages_per_s"], 2)
+        key = f"{per_batch}_events_per_batch"
+        out["end_to_end"][key] = ours
+        out["plain_two_process"][key] = plain
+        if ours["pages_per_s"] > best["pages_per_s"]:
+            best = ours
+    out["target_pages_per_s"] = 2_000_000
+    out["best_end_to_end_pages_per_s"] = best["pages_per_s"]
+    out["meets_target"] = best["pages_per_s"] >= 2_000_000 and bool(best.get("subscriber_keeps_up"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixcache.bench events", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
-    parser.add_argument("--events-per-batch", type=int, default=8, help="BlockStored events per batch")
-    parser.add_argument("--repeat", type=int, default=3, help="end-to-end runs; the best is reported")
+    parser.add_argument("--events-per-batch", default="8,32", help="comma-separated sizes to measure")
+    parser.add_argument("--repeat", type=int, default=3, help="end-to-end runs per size; the best is reported")
     args = parser.parse_args(argv)
-    result = run(args.quick, args.events_per_batch, max(1, args.repeat))
-    json.dump(result, sys.stdout, indent=2)
+    sizes = [int(x) for x in args.events_per_batch.split(",") if x.strip()]
+    if not sizes or min(sizes) <= 0:
+        parser.error("--events-per-batch needs positive integers")
+    json.dump(run(args.quick, sizes, max(1, args.repeat)), sys.stdout, indent=2)
     print()
     return 0
 

@@ -153,7 +153,7 @@ def bench_evict(w: Workload, pages_to_evict: int) -> dict[str, Any]:
     pool = PageAllocator(len(w.first) * 320 + len(w.long) * 2048 + 1024)
     build(tree, pool, w)
     t0 = time.perf_counter()
-    freed = tree.evict(pages_to_evict)
+    freed = tree.evict(pages_to_evict).device_pages
     ours = time.perf_counter() - t0
     naive = NaiveCache(P)
     build_naive(naive, w)
@@ -195,7 +195,7 @@ def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -
         total += seq.size
         need = seq.size // P - m.device_pages.size
         if need > pool.free_count:
-            pool.free(tree.evict(need - pool.free_count))
+            pool.free(tree.evict(need - pool.free_count).device_pages)
         pages = pool.allocate(need)
         assert pages is not None
         if node is not None:  # as RadixCache.commit: unlock, then insert

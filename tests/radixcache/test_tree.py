@@ -108,10 +108,10 @@ def test_lru_eviction_order_leaf_first(tree: RadixTree) -> None:
     tree.insert(NS, np.concatenate([base, seq(20, 4)]), pages(1, 3))  # B: shares [1]
     tree.insert(NS, seq(30, 8), pages(4, 5))  # C
     tree.match(NS, np.concatenate([base, seq(10, 4)]))  # touch A: most recent
-    assert tree.evict(1).tolist() == [3]  # B's leaf is least recent
-    assert tree.evict(1).tolist() == [4, 5]  # then C (whole node)
-    assert tree.evict(1).tolist() == [2]  # then A's leaf
-    assert tree.evict(1).tolist() == [1]  # the shared page only once it is a leaf
+    assert tree.evict(1).device_pages.tolist() == [3]  # B's leaf is least recent
+    assert tree.evict(1).device_pages.tolist() == [4, 5]  # then C (whole node)
+    assert tree.evict(1).device_pages.tolist() == [2]  # then A's leaf
+    assert tree.evict(1).device_pages.tolist() == [1]  # the shared page only once it is a leaf
     assert tree.device_pages == 0 and tree.node_count == 0
     tree.check_integrity()
 
@@ -120,11 +120,11 @@ def test_locked_nodes_are_never_evicted(tree: RadixTree) -> None:
     r = tree.insert(NS, seq(0, 8), pages(1, 2))
     tree.insert(NS, seq(40, 4), pages(3))
     tree.lock(r.last_node)
-    assert tree.evict(100).tolist() == [3]
-    assert tree.evict(100).size == 0
+    assert tree.evict(100).device_pages.tolist() == [3]
+    assert tree.evict(100).device_pages.size == 0
     assert tree.match(NS, seq(0, 8)).device_pages.tolist() == [1, 2]
     tree.unlock(r.last_node)
-    assert sorted(tree.evict(100).tolist()) == [1, 2]
+    assert sorted(tree.evict(100).device_pages.tolist()) == [1, 2]
     tree.check_integrity()
 
 
@@ -147,7 +147,7 @@ def test_eviction_policies(policy: str, expected: list[list[int]]) -> None:
     tree.match(NS, seq(0, 4))
     tree.match(NS, seq(0, 4))
     tree.match(NS, seq(20, 4))
-    order = [tree.evict(1).tolist() for _ in range(3)]
+    order = [tree.evict(1).device_pages.tolist() for _ in range(3)]
     assert order == expected
     tree.check_integrity()
 

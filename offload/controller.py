@@ -1,0 +1,190 @@
+"""The offload controller: in-flight tier jobs, harvested on the owner thread.
+
+The controller submits page moves to the copy engine (device <-> host) and to
+storage (host <-> LMDB), keeps every job in flight in submission order, and
+hands finished ones back from ``poll()``. It knows nothing of the tree: each
+job carries an opaque ``tag`` from the owner, who applies the results
+(residency, locks, events). Nothing here runs on another thread except what
+the copy engine and the storage backend run themselves.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from offload.host import HostPool
+from offload.storage import Storage, TokenPages
+from transfer.allocator import PageIds
+from transfer.engine import CopyEngine
+from transfer.ticket import Ticket
+
+
+class JobKind(enum.Enum):
+    BACKUP = "device_to_host"  # device pages copied into host pages
+    LOAD = "host_to_device"  # host pages copied into device pages
+    STORE = "host_to_storage"  # host pages written to storage
+    FETCH = "storage_to_host"  # storage records read into host pages
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One submitted move. The owner reads it; the controller completes it."""
+
+    kind: JobKind  # what moves where
+    ticket: Ticket  # the engine's or storage's handle
+    tag: object  # the owner's handle (e.g. the tree node); opaque here
+    host_pages: PageIds  # host pages written (BACKUP, FETCH) or read (LOAD, STORE)
+    device_pages: PageIds | None = None  # device pages read (BACKUP) or written (LOAD)
+    keys: Sequence[bytes] = ()  # page keys (STORE, FETCH)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    @property
+    def ok(self) -> bool:
+        return self.ticket.done() and self.ticket.error is None
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.host_pages.size)
+
+
+@dataclass(slots=True)
+class TransferCounters:
+    """Pages and bytes moved per direction, failures, busy time."""
+
+    pages: dict[JobKind, int] = field(default_factory=lambda: dict.fromkeys(JobKind, 0))
+    bytes: dict[JobKind, int] = field(default_factory=lambda: dict.fromkeys(JobKind, 0))
+    seconds: dict[JobKind, float] = field(default_factory=lambda: dict.fromkeys(JobKind, 0.0))
+    failed: dict[JobKind, int] = field(default_factory=lambda: dict.fromkeys(JobKind, 0))
+
+    def bytes_per_second(self, kind: JobKind) -> float:
+        """Bytes moved per second of job latency (submission to harvest)."""
+        s = self.seconds[kind]
+        return self.bytes[kind] / s if s else 0.0
+
+
+class OffloadController:
+    """Submits tier jobs and returns them, finished, in submission order."""
+
+    def __init__(self, copy: CopyEngine, host: HostPool, storage: Storage, page_bytes: int) -> None:
+        self.copy = copy
+        self.host = host
+        self.storage = storage
+        self.page_bytes = page_bytes
+        self.counters = TransferCounters()
+        self._jobs: list[Job] = []  # in flight, oldest first
+
+    # ------------------------------------------------------------------ submit
+    def backup(self, device_pages: PageIds, host_pages: PageIds, tag: object) -> Job:
+        """Copy device pages into (already allocated) host pages."""
+        ticket = self.copy.device_to_host(device_pages, host_pages)
+        return self._add(Job(JobKind.BACKUP, ticket, tag, host_pages, device_pages))
+
+    def backup_now(self, device_pages: PageIds, host_pages: PageIds) -> bool:
+        """Copy device pages into host pages and wait for it (eviction under
+        write-back). True if the copy succeeded; never raises for a failed copy."""
+        job = Job(JobKind.BACKUP, self.copy.device_to_host(device_pages, host_pages), None, host_pages)
+        job.ticket.wait()
+        c = self.counters
+        if job.ticket.error is not None:
+            c.failed[JobKind.BACKUP] += 1
+            return False
+        c.pages[JobKind.BACKUP] += job.num_pages
+        c.bytes[JobKind.BACKUP] += job.num_pages * self.page_bytes
+        c.seconds[JobKind.BACKUP] += time.perf_counter() - job.submitted
+        return True
+
+    def load(self, host_pages: PageIds, device_pages: PageIds, tag: object) -> Job:
+        """Copy host pages into (already allocated) device pages."""
+        ticket = self.copy.host_to_device(host_pages, device_pages)
+        return self._add(Job(JobKind.LOAD, ticket, tag, host_pages, device_pages))
+
+    def store(
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages,
+        host_pages: PageIds,
+        namespace: bytes,
+        tag: object,
+    ) -> Job:
+        """Write host pages to storage under ``keys``."""
+        ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace)
+        return self._add(Job(JobKind.STORE, ticket, tag, host_pages, keys=keys))
+
+    def fetch(
+        self, keys: Sequence[bytes], tokens: TokenPages, host_pages: PageIds, tag: object
+    ) -> Job:
+        """Read stored pages into (already allocated) host pages; the result is
+        how many leading pages arrived verified."""
+        ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages)
+        return self._add(Job(JobKind.FETCH, ticket, tag, host_pages, keys=keys))
+
+    def _add(self, job: Job) -> Job:
+        self._jobs.append(job)
+        return job
+
+    # ------------------------------------------------------------------ harvest
+    def poll(self) -> list[Job]:
+        """Finished jobs (succeeded or failed), in submission order; never blocks."""
+        if not self._jobs:
+            return []
+        done: list[Job] = []
+        waiting: list[Job] = []
+        for job in self._jobs:  # one done() check per job: no job is lost in a race
+            (done if job.ticket.done() else waiting).append(job)
+        if done:
+            self._jobs = waiting
+            now = time.perf_counter()
+            c = self.counters
+            for job in done:
+                if job.ticket.error is not None:
+                    c.failed[job.kind] += 1
+                    continue
+                pages = job.num_pages
+                if job.kind is JobKind.FETCH:
+                    pages = int(job.ticket.result())
+                c.pages[job.kind] += pages
+                c.bytes[job.kind] += pages * self.page_bytes
+                c.seconds[job.kind] += now - job.submitted
+        return done
+
+    def wait(self, job: Job, timeout: float | None = None) -> bool:
+        """Block until ``job`` finished or ``timeout`` seconds passed; True if done."""
+        return job.ticket.wait(timeout)
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """Block until every job in flight finished; True if all did in time."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        for job in list(self._jobs):
+            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            if not job.ticket.wait(left):
+                return False
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    def in_flight_of(self, kind: JobKind) -> int:
+        return sum(1 for job in self._jobs if job.kind is kind)
+
+    def jobs(self) -> list[Job]:
+        """Jobs in flight, oldest first (for integrity checks)."""
+        return list(self._jobs)
+
+    def pages_in_flight(self) -> tuple[PageIds, PageIds]:
+        """(device, host) page ids that in-flight jobs read or write."""
+        dev = [j.device_pages for j in self._jobs if j.device_pages is not None]
+        host = [j.host_pages for j in self._jobs]
+        empty = np.empty(0, dtype=np.int32)
+        return (np.concatenate(dev) if dev else empty, np.concatenate(host) if host else empty)
+
+    def close(self) -> None:
+        """Finish everything in flight and stop the engines' threads."""
+        self.wait_all()
+        self.copy.close()
+        self.storage.close()
