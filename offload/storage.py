@@ -27,6 +27,7 @@ removals, therefore sees every key's stores and removals in their real order
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -91,9 +92,48 @@ class StorageStats:
     puts: int  # pages written
     put_skipped: int  # pages a put found already stored (not rewritten)
     write_txns: int  # committed write transactions
-    map_full: int  # times the LMDB map filled up and records were evicted
+    map_full: int  # times the LMDB map filled up (records evicted, map grown)
     failed_ops: int  # tickets failed by a storage error
     queued_writes: int  # write jobs waiting for the writer thread
+
+
+class Counters:
+    """Thread-safe event counters behind ``StorageStats``."""
+
+    NAMES = (
+        "hits",
+        "misses",
+        "corrupt",
+        "evicted",
+        "deleted",
+        "puts",
+        "put_skipped",
+        "write_txns",
+        "map_full",
+        "failed_ops",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(self.NAMES, 0)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                self._values[name] += delta
+
+    def snapshot(
+        self, *, records: int, stored_bytes: int, capacity_bytes: int, queued_writes: int
+    ) -> StorageStats:
+        with self._lock:
+            values = dict(self._values)
+        return StorageStats(
+            records=records,
+            stored_bytes=stored_bytes,
+            capacity_bytes=capacity_bytes,
+            queued_writes=queued_writes,
+            **values,
+        )
 
 
 @runtime_checkable
@@ -206,7 +246,7 @@ class NullStorage:
         return []
 
     def stats(self) -> StorageStats:
-        return StorageStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        return Counters().snapshot(records=0, stored_bytes=0, capacity_bytes=0, queued_writes=0)
 
     def close(self) -> None:
         return None

@@ -7,7 +7,25 @@ talks to CUDA streams, CUDA events and cupy (always lazily, never at import).
 from __future__ import annotations
 
 from transfer.allocator import PageAllocator
+from transfer.convert import PagePairs, copy_device_to_host, copy_host_to_device
+from transfer.engine import CopyEngine, CopyRequest, CpuCopyEngine, Direction, make_copy_engine
+from transfer.host import HostKVBuffer
 from transfer.layout import DeviceKVBuffer, KVSpec
 from transfer.ticket import FutureTicket, Ticket
 
-__all__ = ["DeviceKVBuffer", "FutureTicket", "KVSpec", "PageAllocator", "Ticket"]
+__all__ = [
+    "CopyEngine",
+    "CopyRequest",
+    "CpuCopyEngine",
+    "DeviceKVBuffer",
+    "Direction",
+    "FutureTicket",
+    "HostKVBuffer",
+    "KVSpec",
+    "PageAllocator",
+    "PagePairs",
+    "Ticket",
+    "copy_device_to_host",
+    "copy_host_to_device",
+    "make_copy_engine",
+]

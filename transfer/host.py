@@ -13,13 +13,21 @@ import numpy.typing as npt
 import torch
 
 from transfer.layout import KVSpec, _positive_int, available_bytes
+from transfer.pinned import allocate_pinned
 
 
 class HostKVBuffer:
     """Host memory for ``num_pages`` whole pages in the page-first layout.
 
     ``pin`` asks for page-locked memory of exactly ``num_pages * page_bytes``
-    bytes (only meaningful with CUDA; ignored without it).
+    bytes (only meaningful with CUDA; ignored without it). Pinned memory comes
+    from ``transfer.pinned`` (cupy's ``cudaHostAlloc`` or ``cudaHostRegister``),
+    never from torch's caching host allocator, which rounds up to a power of two.
+    ``pin_backend`` names the mechanism used, or is None when not pinned.
+
+    The buffer owns ``data``; whoever holds the matching host page ids (the host
+    pool) decides who may write which page, and copy engines write only the
+    pages named in a copy.
     """
 
     def __init__(self, spec: KVSpec, num_pages: int, pin: bool = False) -> None:
@@ -34,11 +42,16 @@ class HostKVBuffer:
                 f"does not fit: {have} B of host memory available"
             )
         self.pinned = bool(pin and torch.cuda.is_available())
+        self.pin_backend: str | None = None  # how the memory was pinned, if it was
         self.data = self._allocate(need)  # [num_pages, 2, L, P, H, D]
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         shape = (self.num_pages, *self.spec.host_page_shape)
-        return torch.zeros(shape, dtype=self.spec.dtype)
+        if not self.pinned:
+            return torch.zeros(shape, dtype=self.spec.dtype)
+        block = allocate_pinned(nbytes)  # exactly nbytes, zeroed
+        self.pin_backend = block.backend
+        return block.tensor.view(self.spec.dtype).view(shape)
 
     @property
     def nbytes(self) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-if __package__ in (None, ""):
+if __name__ == "__main__" and not __package__:
     # Run as a script, this file's folder comes first on sys.path, where this
     # file would shadow the standard library's ``copy``: put the repo root there.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
