@@ -220,3 +220,55 @@ def test_every_policy_writes_complete_host_copies_to_storage(tmp_path: Path, pol
     assert residency(cache) == [(8, False, True, True)]
     cache.check_integrity()
     cache.close()
+
+
+def _flip_every_record(path: Path, offset: int) -> int:
+    """Flip one byte of every stored page record, with a raw LMDB write."""
+    import lmdb
+
+    env = lmdb.open(str(path), max_dbs=3)
+    flipped = 0
+    try:
+        db = env.open_db(b"pages")
+        with env.begin(write=True, db=db) as txn:
+            for key, value in list(txn.cursor()):
+                out = bytearray(value)
+                out[offset] ^= 0x40
+                txn.put(key, bytes(out))
+                flipped += 1
+    finally:
+        env.close()
+    return flipped
+
+
+@pytest.mark.parametrize("offset", [-1, 48 + 2], ids=["kv-byte", "token-byte"])
+def test_corrupt_record_is_a_miss_and_is_recomputed(tmp_path: Path, offset: int) -> None:
+    store = tmp_path / "store"
+    first = make_tiered(storage=store)
+    prompt = seq(0, 2 * P + 1)
+    first.release(prefill(first, prompt))
+    tiers(first).drain()
+    first.close()
+    assert _flip_every_record(store, offset) == 2
+    second = make_tiered(storage=store)
+    req = second.admit(prompt)
+    assert req.cached_len == 8  # the index says stored ...
+    second.reserve(req, 9)  # ... but verification rejects it: recompute
+    assert req.cached_len == 0 and req.ready
+    stats = tiers(second).controller.storage.stats()
+    assert stats.corrupt == 1 and stats.hits == 0  # reading stops at the first bad page
+    from tests.radixcache.tierkit import compute
+
+    compute(second, req, 9)
+    assert_kv_correct(second, req)
+    second.check_integrity()
+    second.close()
+
+
+def test_unwritable_storage_directory_fails_clearly(tmp_path: Path) -> None:
+    from offload.storage import StorageOpenError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageOpenError, match="file"):
+        make_tiered(storage=blocker / "store")
