@@ -70,7 +70,7 @@ class RadixTree:
         # touched) comes out early, since policy keys never decrease, and is
         # re-pushed.
         self._evictable: set[Node] = set()
-        self._heap: list[tuple[SortKey, int, Node]] = []
+        self._heap: list[tuple[object, ...]] = []  # (*key, seq, node): flat, so compares are on ints
         self.device_pages = 0
         self.evictable_pages = 0
         self.host_pages = 0
@@ -310,7 +310,7 @@ class RadixTree:
     def _push(self, node: Node) -> None:
         seq = next(self._seq)
         node.heap_seq = seq
-        heapq.heappush(self._heap, (self.policy.key(node), seq, node))
+        heapq.heappush(self._heap, (*self.policy.key(node), seq, node))
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: Node) -> None:
@@ -353,15 +353,17 @@ class RadixTree:
         dev: list[PageIds] = []
         host: list[PageIds] = []
         count = 0
-        if len(self._heap) > 2 * len(self._evictable) + 64:
+        if len(self._heap) > len(self._evictable) + 64:
             self._rebuild_heap()  # mostly superseded entries: cheaper to start over
         heap = self._heap
         key = self.policy.key
         while count < num_pages and heap:
-            entry_key, seq, node = heapq.heappop(heap)
-            if seq != node.heap_seq or node not in self._evictable:
+            entry = heapq.heappop(heap)
+            node = entry[-1]
+            assert isinstance(node, Node)
+            if entry[-2] != node.heap_seq or node not in self._evictable:
                 continue  # superseded by a newer entry, or no longer a candidate
-            if key(node) != entry_key:
+            if key(node) != entry[:-2]:
                 self._push(node)  # touched since it was pushed
                 continue
             if before_drop is not None:
@@ -372,11 +374,14 @@ class RadixTree:
         return EvictResult(_concat(dev), _concat(host))
 
     def _rebuild_heap(self) -> None:
-        self._heap = []
+        key = self.policy.key
+        seq = self._seq
+        heap = []
         for node in self._evictable:
-            node.heap_seq = next(self._seq)
-            self._heap.append((self.policy.key(node), node.heap_seq, node))
-        heapq.heapify(self._heap)
+            node.heap_seq = s = next(seq)
+            heap.append((*key(node), s, node))
+        heapq.heapify(heap)
+        self._heap = heap
 
     def drop_device(self, node: Node, host_out: list[PageIds] | None = None) -> PageIds:
         """Remove ``node``'s device residency (it must be an unlocked device leaf).
