@@ -14,15 +14,18 @@ decoders in the field accept: a consumer that reads them as unsigned 64-bit
 (``u64``) and one that reads them as signed 64-bit (``i64``) see the same
 value, and msgpack encodes them as a plain unsigned integer either way.
 
-The records are plain values: the owner thread builds them, hands the list to
-a publisher and never touches it again (the publisher keeps a reference for
-replay instead of copying).
+The records are values: the owner thread builds them and hands the list to a
+publisher, which copies the list (not the records) and keeps the records until
+it has encoded them. ``BlockStored`` and ``BlockRemoved`` are built per engine
+step and per decoded event, so they are slotted but not frozen (a frozen
+dataclass costs about three times as much to build); treat them as immutable
+all the same, before and after publishing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal, Union
+from typing import Final, Literal
 
 Medium = Literal["GPU", "CPU_PINNED", "DISK"]
 
@@ -35,7 +38,7 @@ MEDIA: Final[tuple[Medium, ...]] = (GPU, CPU_PINNED, DISK)  # best tier first
 HASH_LIMIT: Final = 1 << 63  # block hashes are ints in [0, HASH_LIMIT)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BlockStored:
     """``len(block_hashes)`` consecutive blocks became resident on ``medium``.
 
@@ -55,12 +58,12 @@ class BlockStored:
     lora_name: str | None = None  # adapter name of the namespace, if any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BlockRemoved:
     """The blocks stopped being resident on ``medium`` (other media keep theirs)."""
 
     block_hashes: list[int]  # blocks leaving the medium, each in [0, 2**63)
-    medium: Medium | None = None  # the medium they left; None means GPU
+    medium: Medium | None  # the medium they left; None means GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +75,7 @@ class AllBlocksCleared:
     """
 
 
-KvEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,10 +43,10 @@ if __name__ in ("__main__", "__mp_main__"):
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
-import msgpack  # noqa: E402
-import zmq  # noqa: E402
+import msgpack
+import zmq
 
-from events import (  # noqa: E402
+from events import (
     GPU,
     BatchEncoder,
     BlockRemoved,
@@ -268,7 +268,7 @@ def bench_two_process(per_batch: int, total: int, plain: bool) -> dict[str, Any]
             counters: dict[str, int] = {}
         else:
             pages, last, cpu, counters = _follow(endpoint, replay, parent, total * per_batch * PAGES)
-        t0, pub_seconds, pub_cpu, dropped = parent.recv()
+        t0, _, pub_cpu, dropped = parent.recv()
         parent.send("done")
     finally:
         proc.join(10)

@@ -1,0 +1,141 @@
+"""The event layer: tells routers, in order, where every page of the cache lives.
+
+The stream
+    Each engine step that changed residency publishes one batch on a ZMQ PUB
+    socket as three frames: ``topic`` (UTF-8, empty by default), ``seq`` (8-byte
+    big-endian signed, 0 for the first batch, +1 per batch) and ``payload``: a
+    msgpack array of exactly three, ``[ts, events, dp_rank]``. ``events`` is
+    never empty; each event is a map whose first key is ``"type"``:
+    ``BlockStored`` (block_hashes, parent_block_hash, token_ids, block_size,
+    lora_id, medium, lora_name), ``BlockRemoved`` (block_hashes, medium) or
+    ``AllBlocksCleared``. Keys that may be nil (parent_block_hash, lora_id,
+    lora_name) are left out when None; every other key is always present,
+    ``medium`` included. vLLM, SGLang and NVIDIA Dynamo consumers decode it.
+
+Media
+    ``"GPU"`` (device memory), ``"CPU_PINNED"`` (the pinned host tier) and
+    ``"DISK"`` (committed to the local storage tier). A page may be resident on
+    several media at once; each medium is tracked on its own.
+
+Block hashes
+    Integers in ``[0, 2**63)`` (they read the same as u64 and as i64), derived
+    from the chained page hash: stable across media and restarts, unique per
+    namespace. A ``BlockStored``'s parent was stored before it.
+
+Ordering
+    Batches arrive in sequence order; inside a batch, events apply in list
+    order. Per page, the store on a new medium comes before the removal from
+    the old one, and a store is published only once the data is really there
+    (copy completed, transaction committed). A consumer that applies every
+    batch in order holds exactly the engine's residency, medium by medium.
+
+Replay
+    The publisher keeps its last N batches (10,000 by default) and serves
+    them on a ZMQ ROUTER socket: a DEALER sends ``[b"", start_seq]`` (8-byte
+    big-endian) and receives ``[b"", topic, seq, payload]`` for every buffered
+    batch with ``seq >= start_seq``, then ``[b"", b"", seq=-1, b""]``. A batch
+    takes its sequence number and its replay slot before the bounded send
+    queue, so one dropped from a full queue is still replayable: a subscriber
+    sees the gap and fetches it.
+
+Restart fencing
+    A publisher's first batch is ``[AllBlocksCleared]``: a consumer that sees
+    sequence numbers start again (or that batch) drops what it believed about
+    the worker's previous incarnation. ``EventSubscriber`` also rebuilds a
+    worker from replay after its connection dropped, since a new incarnation
+    may already be past the old one's last number when it reconnects. A gap
+    the replay buffer no longer covers drops the worker's state too, which
+    then rebuilds from the batches that follow the hole.
+
+Threads
+    ``ZmqEventPublisher.publish`` is called by the cache's owner thread and
+    never blocks; a publisher thread owns the sockets, encodes and sends.
+    ``EventSubscriber`` runs on the caller's thread through ``poll`` (or on a
+    background thread after ``start``) and applies batches to a ``KvIndex``,
+    which answers, per worker, how many leading blocks of a request sit on
+    GPU, host and disk, and picks a worker by a tier-aware cost.
+
+This package imports nothing else of the project.
+"""
+
+from __future__ import annotations
+
+from events.codec import (
+    BatchEncoder,
+    DecodeError,
+    check_events,
+    decode_batch,
+    encode_batch,
+)
+from events.index import (
+    IndexConfig,
+    IndexStats,
+    KvIndex,
+    RoutingDecision,
+    TierOverlap,
+    WorkerId,
+)
+from events.publisher import (
+    BindError,
+    EventPublisher,
+    NullEventPublisher,
+    PublisherConfig,
+    PublisherStats,
+)
+from events.subscriber import (
+    BatchSink,
+    EventSubscriber,
+    SubscriberConfig,
+    SubscriberStats,
+    WorkerEndpoint,
+)
+from events.types import (
+    CPU_PINNED,
+    DISK,
+    GPU,
+    HASH_LIMIT,
+    MEDIA,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEvent,
+    Medium,
+)
+from events.zmq_publisher import ZmqEventPublisher
+
+__all__ = [
+    "CPU_PINNED",
+    "DISK",
+    "GPU",
+    "HASH_LIMIT",
+    "MEDIA",
+    "AllBlocksCleared",
+    "BatchEncoder",
+    "BatchSink",
+    "BindError",
+    "BlockRemoved",
+    "BlockStored",
+    "DecodeError",
+    "EventBatch",
+    "EventPublisher",
+    "EventSubscriber",
+    "IndexConfig",
+    "IndexStats",
+    "KvEvent",
+    "KvIndex",
+    "Medium",
+    "NullEventPublisher",
+    "PublisherConfig",
+    "PublisherStats",
+    "RoutingDecision",
+    "SubscriberConfig",
+    "SubscriberStats",
+    "TierOverlap",
+    "WorkerEndpoint",
+    "WorkerId",
+    "ZmqEventPublisher",
+    "check_events",
+    "decode_batch",
+    "encode_batch",
+]

@@ -1,0 +1,379 @@
+"""The router side of the stream: receive, check, repair and apply batches.
+
+One SUB socket per worker (a shared one could not tell workers apart when
+topics are empty) and, per worker with a replay endpoint, one DEALER socket
+for repairs. For each worker the subscriber keeps ``next_seq`` (the batch it
+must apply next) and ``last_live`` (the newest sequence number seen live)::
+
+    live batch seq s
+      s <= last_live, or the    publisher restarted (or may have): drop the
+      connection dropped        worker's state, expect seq 0 again (a new
+      since the last batch      publisher's batch 0 clears too)
+      s <  next_seq             already applied through a replay: skip
+      s >  next_seq             gap: replay from next_seq, apply what comes
+                                back in order; if the replay lacks next_seq
+                                (too old, no replay, timeout) drop the state
+                                and resume from the oldest contiguous batch
+      s == next_seq             decode and apply
+
+A subscriber that joins late sees its first batch as a gap from 0 and so
+starts with the whole replay buffer. Malformed messages (wrong frame count,
+short sequence frame, payloads that fail ``decode_batch``) are logged,
+counted and skipped; a malformed batch still advances ``next_seq``, since a
+replay would return the same bytes.
+
+Threads: ``poll``/``run_until`` run on the caller's thread. ``start`` hands
+every socket to a background thread instead; the sink is then mutated under
+``lock``, which readers of the sink must hold too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+import zmq
+
+from events.codec import DecodeError, decode_batch
+from events.index import WorkerId
+from events.publisher import seq_frame
+from events.types import EventBatch
+
+logger = logging.getLogger(__name__)
+
+
+class BatchSink(Protocol):
+    """Where checked batches go (``KvIndex`` is one)."""
+
+    def apply_batch(self, worker: WorkerId, batch: EventBatch) -> None:
+        """Apply one batch of ``worker``, in stream order."""
+        ...
+
+    def clear_worker(self, worker: WorkerId) -> None:
+        """Forget everything about ``worker``'s blocks."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEndpoint:
+    """Where one worker publishes."""
+
+    worker_id: WorkerId  # the name the sink knows the worker by
+    endpoint: str  # its PUB endpoint
+    replay_endpoint: str | None = None  # its ROUTER endpoint; None: gaps are not repaired
+    topic: str = ""  # the topic it publishes under
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberConfig:
+    """Socket limits and timeouts of an ``EventSubscriber``."""
+
+    replay_timeout_ms: int = 2_000  # wait for a whole replay answer at most this long
+    rcv_hwm: int = 100_000  # live messages ZMQ queues per worker before dropping
+    max_batches_per_poll: int = 4_096  # per worker, so one busy worker can't starve others
+
+    def __post_init__(self) -> None:
+        if self.replay_timeout_ms <= 0 or self.rcv_hwm < 0 or self.max_batches_per_poll <= 0:
+            raise ValueError(f"invalid subscriber config: {self}")
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    """Counters, in batches (a snapshot when returned by ``stats()``)."""
+
+    received: int = 0  # live messages received
+    applied: int = 0  # batches handed to the sink (live or replayed)
+    duplicates: int = 0  # live batches already applied through a replay
+    malformed: int = 0  # messages or payloads that failed checks (skipped)
+    rejected: int = 0  # batches the sink raised on (logged, skipped)
+    gaps: int = 0  # sequence jumps seen
+    repaired: int = 0  # gaps filled entirely from replay
+    unrepaired: int = 0  # gaps replay could not fill (worker state dropped)
+    restarts: int = 0  # restarts or reconnects seen (worker state rebuilt from replay)
+    replayed: int = 0  # batches received in replay answers
+
+
+class _Worker:
+    __slots__ = ("dealer", "last_live", "monitor", "next_seq", "reconnected", "spec", "sub", "topic")
+
+    def __init__(self, spec: WorkerEndpoint, sub: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:
+        self.spec = spec
+        self.sub = sub  # SUB socket connected to spec.endpoint
+        self.monitor = monitor  # tells when sub's connection drops
+        self.dealer: zmq.Socket[bytes] | None = None  # replay socket, made on first need
+        self.topic = spec.topic.encode()
+        self.next_seq = 0  # the batch to apply next
+        self.last_live: int | None = None  # newest sequence number seen live
+        self.reconnected = False  # the connection dropped since the last live batch
+
+
+class EventSubscriber:
+    """Subscribes to workers' streams and applies their batches to a sink."""
+
+    def __init__(
+        self,
+        sink: BatchSink,
+        workers: Iterable[WorkerEndpoint] = (),
+        config: SubscriberConfig | None = None,
+    ) -> None:
+        self.sink = sink
+        self.config = config or SubscriberConfig()
+        self.lock = threading.Lock()  # held while the sink is mutated
+        self._ctx = zmq.Context(io_threads=1)
+        self._poller = zmq.Poller()
+        self._workers: dict[WorkerId, _Worker] = {}
+        self._by_socket: dict[zmq.Socket[bytes], _Worker] = {}  # SUB sockets
+        self._by_monitor: dict[zmq.Socket[bytes], _Worker] = {}  # their monitors
+        self._stats = SubscriberStats()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        for spec in workers:
+            self.add_worker(spec)
+
+    def add_worker(self, spec: WorkerEndpoint) -> None:
+        """Connect to one more worker (not while the background thread runs)."""
+        self._owner_only()
+        if spec.worker_id in self._workers:
+            raise ValueError(f"worker {spec.worker_id!r} is already subscribed")
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, self.config.rcv_hwm)
+        sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sub.connect(spec.endpoint)
+        worker = _Worker(spec, sub, monitor)
+        self._workers[spec.worker_id] = worker
+        self._by_socket[sub] = worker
+        self._by_monitor[monitor] = worker
+        self._poller.register(sub, zmq.POLLIN)
+        self._poller.register(monitor, zmq.POLLIN)
+
+    def remove_worker(self, worker_id: WorkerId) -> None:
+        """Disconnect from a worker and clear its state in the sink."""
+        self._owner_only()
+        worker = self._workers.pop(worker_id)
+        self._poller.unregister(worker.sub)
+        self._poller.unregister(worker.monitor)
+        del self._by_socket[worker.sub]
+        del self._by_monitor[worker.monitor]
+        self._close_sockets(worker)
+        with self.lock:
+            self.sink.clear_worker(worker_id)
+
+    def next_seq(self, worker_id: WorkerId) -> int:
+        """The sequence number of the batch this worker's stream applies next."""
+        return self._workers[worker_id].next_seq
+
+    def stats(self) -> SubscriberStats:
+        """A snapshot of the counters."""
+        s = self._stats
+        return SubscriberStats(*(getattr(s, f.name) for f in fields(s)))
+
+    # ------------------------------------------------------------------ driving
+
+    def poll(self, timeout_ms: int = 0) -> int:
+        """Wait up to ``timeout_ms`` for messages, then handle all that wait.
+
+        Returns the number of batches applied. Runs repairs (replay requests)
+        inline, so it may take up to ``replay_timeout_ms`` longer.
+        """
+        self._owner_only()
+        return self._poll(timeout_ms)
+
+    def run_until(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Poll until ``done()`` is true (returns True) or ``timeout_s`` passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.poll(max(1, min(50, int(left * 1000))))
+        return True
+
+    def start(self) -> None:
+        """Run ``poll`` on a background thread until ``close``."""
+        self._owner_only()
+        self._thread = threading.Thread(target=self._run, name="events-subscriber", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread (if any) and close every socket. Idempotent."""
+        if self._closed:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.config.replay_timeout_ms / 1000 + 5.0)
+            self._thread = None
+        for worker in self._workers.values():
+            self._close_sockets(worker)
+        self._ctx.term()
+        self._closed = True
+
+    def __enter__(self) -> EventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _close_sockets(worker: _Worker) -> None:
+        worker.sub.disable_monitor()
+        worker.monitor.close(0)
+        worker.sub.close(0)
+        if worker.dealer is not None:
+            worker.dealer.close(0)
+
+    def _owner_only(self) -> None:
+        if self._closed:
+            raise RuntimeError("the subscriber is closed")
+        if self._thread is not None:
+            raise RuntimeError("the subscriber's sockets belong to its background thread")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._poll(100)
+            except Exception:
+                logger.exception("event subscriber poll failed; continuing")
+
+    def _poll(self, timeout_ms: int) -> int:
+        ready = [sock for sock, _ in self._poller.poll(timeout_ms)]
+        applied = self._stats.applied
+        limit = self.config.max_batches_per_poll
+        # Monitors first: a dropped connection must be known before the
+        # batches that arrive over the next one.
+        for sock in ready:
+            if sock in self._by_monitor:
+                while sock.poll(0):
+                    sock.recv_multipart()
+                    self._by_monitor[sock].reconnected = True
+        for sock in ready:
+            worker = self._by_socket.get(sock)
+            if worker is None:
+                continue
+            with self.lock:
+                for _ in range(limit):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_live(worker, frames)
+        return self._stats.applied - applied
+
+    # ------------------------------------------------------------------ the stream logic
+
+    def _on_live(self, worker: _Worker, frames: list[bytes]) -> None:
+        stats = self._stats
+        stats.received += 1
+        if len(frames) != 3 or len(frames[1]) != 8 or frames[0] != worker.topic:
+            stats.malformed += 1
+            logger.warning(
+                "worker %r: malformed message skipped (%d frames, want [topic %r, 8-byte seq, payload])",
+                worker.spec.worker_id, len(frames), worker.topic,
+            )
+            return
+        seq = int.from_bytes(frames[1], "big", signed=True)
+        if seq < 0:
+            stats.malformed += 1
+            logger.warning("worker %r: negative sequence number %d", worker.spec.worker_id, seq)
+            return
+        if worker.last_live is not None and (seq <= worker.last_live or worker.reconnected):
+            # Sequence numbers went back: a new incarnation. After a dropped
+            # connection we cannot tell a restart that already got past our
+            # last number from a blip, so both rebuild from replay.
+            stats.restarts += 1
+            logger.info("worker %r restarted or reconnected (seq %d after %d); rebuilding its state",
+                        worker.spec.worker_id, seq, worker.last_live)
+            self.sink.clear_worker(worker.spec.worker_id)
+            worker.next_seq = 0
+        worker.reconnected = False
+        worker.last_live = seq
+        if seq > worker.next_seq:
+            self._repair(worker, seq)
+        if seq < worker.next_seq:
+            stats.duplicates += 1
+            return
+        self._apply(worker, seq, frames[2])
+
+    def _apply(self, worker: _Worker, seq: int, payload: bytes) -> None:
+        assert seq == worker.next_seq, f"applying batch {seq}, expected {worker.next_seq}"
+        worker.next_seq = seq + 1
+        try:
+            batch = decode_batch(payload)
+        except DecodeError as exc:
+            self._stats.malformed += 1
+            logger.warning("worker %r: batch %d skipped: %s", worker.spec.worker_id, seq, exc)
+            return
+        try:
+            self.sink.apply_batch(worker.spec.worker_id, batch)
+        except Exception:
+            self._stats.rejected += 1
+            logger.exception("worker %r: batch %d rejected by the sink", worker.spec.worker_id, seq)
+            return
+        self._stats.applied += 1
+
+    def _repair(self, worker: _Worker, live_seq: int) -> None:
+        """Fill ``next_seq .. live_seq - 1`` from replay, or drop the state and resume."""
+        stats = self._stats
+        stats.gaps += 1
+        replayed = self._fetch(worker, worker.next_seq)
+        if replayed and replayed[0][0] <= worker.next_seq:
+            for seq, payload in replayed:
+                if seq == worker.next_seq:
+                    self._apply(worker, seq, payload)
+            if worker.next_seq >= live_seq:
+                stats.repaired += 1
+                return
+        # Unrepairable: what we hold is missing batches. Start over from the
+        # oldest batch from which replay (plus this live one) is contiguous.
+        stats.unrepaired += 1
+        logger.warning(
+            "worker %r: batches from %d are lost; dropping its state", worker.spec.worker_id, worker.next_seq
+        )
+        self.sink.clear_worker(worker.spec.worker_id)
+        resume = live_seq
+        for seq, _ in reversed(replayed or []):
+            if seq == resume - 1:
+                resume = seq
+            elif seq < resume - 1:
+                break
+        worker.next_seq = resume
+        for seq, payload in replayed or []:
+            if seq == worker.next_seq and seq < live_seq:
+                self._apply(worker, seq, payload)
+
+    def _fetch(self, worker: _Worker, start: int) -> list[tuple[int, bytes]] | None:
+        """Ask the worker's replay socket for batches ``>= start``; None if it can't."""
+        endpoint = worker.spec.replay_endpoint
+        if endpoint is None:
+            return None
+        if worker.dealer is None:
+            worker.dealer = self._ctx.socket(zmq.DEALER)
+            worker.dealer.setsockopt(zmq.LINGER, 0)
+            worker.dealer.setsockopt(zmq.RCVHWM, 0)  # an answer may be the whole buffer
+            worker.dealer.connect(endpoint)
+        dealer = worker.dealer
+        dealer.send_multipart((b"", seq_frame(start)))
+        deadline = time.monotonic() + self.config.replay_timeout_ms / 1000
+        out: list[tuple[int, bytes]] = []
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not dealer.poll(left_ms, zmq.POLLIN):
+                logger.warning("worker %r: replay from %d timed out", worker.spec.worker_id, start)
+                dealer.close(0)  # a late answer must not be read as the next one
+                worker.dealer = None
+                return out
+            frames = dealer.recv_multipart()
+            if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
+                self._stats.malformed += 1
+                continue
+            seq = int.from_bytes(frames[2], "big", signed=True)
+            if seq == -1:
+                return out
+            self._stats.replayed += 1
+            out.append((seq, frames[3]))

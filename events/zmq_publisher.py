@@ -1,0 +1,340 @@
+"""``ZmqEventPublisher``: batches onto a ZMQ PUB socket, with replay.
+
+See ``events.codec`` for the payload and ``events`` for the stream's
+guarantees. Who does what::
+
+    owner thread                          publisher thread (owns every socket)
+    ------------                          -------------------------------------
+    publish(events)
+      check records (ValueError)
+      seq = next_seq++                    loop:
+      replay buffer <- (seq, ts, events)    take every pending batch
+      pending queue <- batch, or drop       encode (once; kept for replay)
+        when full (counted)                 PUB  <- [topic, seq, payload]
+      wake the thread if it sleeps          ROUTER: answer replay requests
+                                            sleep in poll() until woken
+
+The sequence number and the replay-buffer entry are taken *before* the
+bounded queue, so a batch the queue had no room for is still replayable: a
+subscriber sees the gap and fetches it. ``publish`` never blocks on I/O; its
+only lock is held for a few list operations.
+
+Costs, for a 16-page ``BlockStored``: about 2 us of checks in ``publish`` and
+5 us of encoding on the thread. The thread shares the GIL with the owner, so
+encoding costs the process the same CPU wherever it runs; on the thread it
+fills the owner's GIL-free waits (device synchronisation, I/O) instead of
+lengthening its step. Publish once per step, not once per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from itertools import islice
+
+import zmq
+
+from events.codec import BatchEncoder, check_events
+from events.publisher import (
+    END_OF_REPLAY,
+    BindError,
+    PublisherConfig,
+    PublisherStats,
+    seq_frame,
+)
+from events.types import AllBlocksCleared, KvEvent
+
+logger = logging.getLogger(__name__)
+
+
+class _Entry:
+    """One batch from publish() on: in the replay buffer and maybe the queue."""
+
+    __slots__ = ("events", "frame", "payload", "seq", "ts")
+
+    def __init__(self, seq: int, ts: float, events: list[KvEvent]) -> None:
+        self.seq = seq  # sequence number, from 0
+        self.frame = seq_frame(seq)  # seq as the wire's 8-byte frame
+        self.ts = ts  # publish time, fixed so a replay sends the same bytes
+        # The publisher's own copy of the list until the thread encodes it;
+        # then None, so the replay buffer holds one bytes object per batch
+        # (no records for the garbage collector to walk through).
+        self.events: list[KvEvent] | None = events
+        self.payload: bytes | None = None  # encoded by the thread, then kept
+
+
+class ZmqEventPublisher:
+    """Publishes batches on a ZMQ PUB socket and serves replay on a ROUTER.
+
+    The constructor binds both endpoints (raising ``BindError`` naming the
+    endpoint if one is in use) and publishes ``[AllBlocksCleared()]`` as batch
+    0, so a consumer drops what it believed about a previous incarnation.
+    """
+
+    _LINGER_MS = 1  # how long the thread waits for more work before sleeping
+    _BUSY_POLL_S = 0.005  # while sending, how often it looks at replay requests
+
+    def __init__(self, config: PublisherConfig | None = None) -> None:
+        self._config = config = config or PublisherConfig()
+        self._topic = config.topic.encode()
+        self._lock = threading.Lock()  # guards everything below shared with the thread
+        self._pending: deque[_Entry] = deque()  # FIFO for the thread; bounded by queue_size
+        self._replay: deque[_Entry] = deque(maxlen=config.replay_buffer_size)
+        self._next_seq = 0
+        self._published = 0
+        self._dropped = 0
+        self._forced_drops = 0  # test hook: next N publishes act as if the queue were full
+        self._closing = False
+        self._sleeping = False  # the thread waits in poll(); publish() must wake it
+        # Written by the thread only:
+        self._sent = 0
+        self._replay_requests = 0
+        self._replayed = 0
+        self._encode_errors = 0
+        self._endpoint = config.endpoint
+        self._replay_endpoint = config.replay_endpoint
+        self._start_error: BaseException | None = None
+        self._ready = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(target=self._run, name="events-publisher", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(config.start_timeout_s):
+            self._start_error = TimeoutError(f"event publisher did not start in {config.start_timeout_s} s")
+        if self._start_error is not None:
+            self.close()
+            raise self._start_error
+        self.publish([AllBlocksCleared()])
+
+    # ------------------------------------------------------------------ owner side
+
+    @property
+    def endpoint(self) -> str:
+        """The bound PUB endpoint (with the actual port if ``*`` was asked)."""
+        return self._endpoint
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        """The bound ROUTER endpoint, or None when replay is disabled."""
+        return self._replay_endpoint
+
+    def publish(self, events: Sequence[KvEvent]) -> None:
+        """Publish one batch; ``[]`` is a no-op.
+
+        Raises ValueError for a record that cannot go on the wire and
+        RuntimeError after ``close``. Never blocks: when the queue is full the
+        batch is dropped from the live stream (counted) but stays replayable.
+        """
+        if not events:
+            return
+        check_events(events)
+        batch = list(events)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("publish() on a closed ZmqEventPublisher")
+            entry = _Entry(self._next_seq, time.time(), batch)
+            self._next_seq += 1
+            self._replay.append(entry)
+            self._published += 1
+            if self._forced_drops:
+                self._forced_drops -= 1
+                self._dropped += 1
+                return
+            if len(self._pending) >= self._config.queue_size:
+                self._dropped += 1
+                return
+            self._pending.append(entry)
+            if self._sleeping:
+                self._sleeping = False
+                self._wake()
+
+    def simulate_full_queue(self, batches: int) -> None:
+        """Test hook: the next ``batches`` publishes behave as if the queue were full.
+
+        They get sequence numbers and enter the replay buffer, but are never
+        sent live, exactly like a real drop.
+        """
+        if batches < 0:
+            raise ValueError(f"batches must be >= 0, got {batches}")
+        with self._lock:
+            self._forced_drops = batches
+
+    def stats(self) -> PublisherStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return PublisherStats(
+                self._published, self._dropped, self._sent,
+                self._replay_requests, self._replayed, self._encode_errors,
+            )
+
+    def close(self) -> None:
+        """Send what is queued, wait up to ``close_linger_ms`` for the wire, stop.
+
+        Idempotent. Later publishes raise RuntimeError.
+        """
+        with self._lock:
+            already = self._closing
+            self._closing = True
+        if not already:
+            self._wake()
+        if self._thread.is_alive():
+            self._thread.join(self._config.close_linger_ms / 1000 + 5.0)
+        if not self._thread.is_alive() and self._wake_r >= 0:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+
+    def __enter__(self) -> ZmqEventPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
+    # ------------------------------------------------------------------ thread side
+
+    def _bind(self, sock: zmq.Socket[bytes], endpoint: str) -> str:
+        host = endpoint.split("://", 1)[-1]
+        if host.startswith(("*", "0.0.0.0", "[::]")):
+            logger.info("event endpoint %s listens on all interfaces", endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise BindError(
+                f"cannot bind event endpoint {endpoint!r}: {exc.strerror}"
+                " (is another publisher using it? tcp://127.0.0.1:* picks a free port)"
+            ) from None
+        bound = sock.getsockopt(zmq.LAST_ENDPOINT)
+        return bound.decode() if isinstance(bound, bytes) else endpoint
+
+    def _run(self) -> None:
+        cfg = self._config
+        ctx = zmq.Context(io_threads=1)
+        pub = ctx.socket(zmq.PUB)
+        router: zmq.Socket[bytes] | None = None
+        try:
+            pub.setsockopt(zmq.SNDHWM, cfg.send_hwm)
+            pub.setsockopt(zmq.LINGER, cfg.close_linger_ms)
+            self._endpoint = self._bind(pub, cfg.endpoint)
+            if cfg.replay_endpoint is not None:
+                router = ctx.socket(zmq.ROUTER)
+                # Room for two full answers: ZMQ credits a pipe back in batches
+                # of half its limit, so one answer's worth could drop the tail
+                # of the next (the client would time out and resync).
+                router.setsockopt(zmq.SNDHWM, 2 * (cfg.replay_buffer_size + 2))
+                router.setsockopt(zmq.LINGER, 0)
+                self._replay_endpoint = self._bind(router, cfg.replay_endpoint)
+        except Exception as exc:  # handed to the constructor, which raises it
+            self._start_error = exc
+            pub.close(0)
+            if router is not None:
+                router.close(0)
+            ctx.term()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(pub, router)
+        except Exception:
+            logger.exception("event publisher thread failed; no more batches are sent")
+        finally:
+            pub.close(cfg.close_linger_ms)
+            if router is not None:
+                router.close(0)
+            ctx.term()  # waits for the PUB's linger at most
+
+    def _loop(self, pub: zmq.Socket[bytes], router: zmq.Socket[bytes] | None) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        if router is not None:
+            poller.register(router, zmq.POLLIN)
+        encoder = BatchEncoder()
+        send = pub.send
+        topic = self._topic
+        more = zmq.SNDMORE
+        dry = False  # the last round found nothing to send
+        next_poll = 0.0  # while busy, look at the replay socket only this often
+        while True:
+            with self._lock:
+                batch = list(self._pending)
+                self._pending.clear()
+                closing = self._closing
+                if dry and not batch and not closing:
+                    self._sleeping = True
+            for entry in batch:
+                payload = self._payload(entry, encoder)
+                if payload is not None:
+                    send(topic, more)
+                    send(entry.frame, more)
+                    send(payload)
+                    self._sent += 1
+            if closing and not batch:
+                return
+            # Busy: go on, looking at replay requests every few ms. Just ran
+            # dry: wait a moment without asking to be woken, so a steady
+            # publisher does not pay a wake-up (a syscall and a thread switch)
+            # per batch. Dry twice: sleep until publish() or a request wakes us.
+            timeout: int | None
+            if batch:
+                dry = False
+                now = time.monotonic()
+                if now < next_poll:
+                    continue
+                next_poll = now + self._BUSY_POLL_S
+                timeout = 0
+            elif not dry:
+                dry = True
+                timeout = self._LINGER_MS
+            else:
+                timeout = None
+            ready = dict(poller.poll(timeout))
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if router is not None and router in ready:
+                self._serve_replay(router, encoder)
+
+    def _payload(self, entry: _Entry, encoder: BatchEncoder) -> bytes | None:
+        if entry.payload is None and entry.events is not None:
+            try:
+                entry.payload = encoder.encode(entry.events, entry.ts, self._config.dp_rank)
+            except Exception:
+                self._encode_errors += 1
+                logger.exception("cannot encode event batch %d; it is never sent", entry.seq)
+            entry.events = None
+        return entry.payload
+
+    def _serve_replay(self, router: zmq.Socket[bytes], encoder: BatchEncoder) -> None:
+        """Answer every waiting request: ``[id, b"", start_seq]`` -> batches, end."""
+        while True:
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+                logger.warning("ignoring malformed replay request (%d frames)", len(frames))
+                continue
+            identity = frames[0]
+            start = int.from_bytes(frames[2], "big", signed=True)
+            with self._lock:
+                first = self._replay[0].seq if self._replay else 0
+                entries = list(islice(self._replay, max(0, start - first), None))
+            self._replay_requests += 1
+            for entry in entries:
+                payload = self._payload(entry, encoder)
+                if payload is not None:
+                    router.send_multipart((identity, b"", self._topic, entry.frame, payload))
+                    self._replayed += 1
+            router.send_multipart((identity, b"", b"", END_OF_REPLAY, b""))

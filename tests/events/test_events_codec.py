@@ -1,0 +1,173 @@
+"""The msgpack codec: round trips, the exact maps, and strict decoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from events_testkit import BS, stored
+
+from events import (
+    AllBlocksCleared,
+    BatchEncoder,
+    BlockRemoved,
+    BlockStored,
+    DecodeError,
+    EventBatch,
+    KvEvent,
+    check_events,
+    decode_batch,
+    encode_batch,
+)
+
+TOP = (1 << 63) - 1  # the largest legal hash
+
+
+def good_stored_map(**changes: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "type": "BlockStored",
+        "block_hashes": [1, 2],
+        "token_ids": list(range(2 * BS)),
+        "block_size": BS,
+        "medium": "GPU",
+    }
+    m.update(changes)
+    return {k: v for k, v in m.items() if v is not _DROP}
+
+
+_DROP = object()
+
+
+def payload(*events: Any, ts: Any = 1.5, dp_rank: Any = None) -> bytes:
+    data: bytes = msgpack.packb([ts, list(events), dp_rank])
+    return data
+
+
+def test_round_trip_keeps_every_field() -> None:
+    events: list[KvEvent] = [
+        AllBlocksCleared(),
+        stored([0, TOP], list(range(2 * BS)), parent=7, lora_id=3, lora_name="adapter-a"),
+        stored([5], [9, 8, 7, 6], medium="DISK"),
+        BlockRemoved([0, TOP], "CPU_PINNED"),
+    ]
+    batch = EventBatch(1234.5, events, dp_rank=2)
+    decoded = decode_batch(encode_batch(batch))
+    assert decoded == batch
+
+
+def test_encoder_is_reusable_and_deterministic() -> None:
+    encoder = BatchEncoder()
+    events = [stored([1, 2], list(range(2 * BS)))]
+    first = encoder.encode(events, 10.0, 0)
+    assert encoder.encode(events, 10.0, 0) == first
+    assert encoder.encode([BlockRemoved([1], "GPU")], 10.0, 0) != first
+    assert decode_batch(first).events == events
+
+
+def test_maps_hold_exact_keys_in_wire_order() -> None:
+    full = stored([1, 2], list(range(2 * BS)), parent=9, medium="CPU_PINNED", lora_id=4, lora_name="x")
+    bare = stored([3], [1, 2, 3, 4])
+    raw = msgpack.unpackb(encode_batch(EventBatch(1.0, [full, bare, BlockRemoved([3], None), AllBlocksCleared()])))
+    assert list(raw[1][0]) == [
+        "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+    ]
+    # None-valued optional keys are left out; required ones (medium) stay.
+    assert list(raw[1][1]) == ["type", "block_hashes", "token_ids", "block_size", "medium"]
+    assert raw[1][2] == {"type": "BlockRemoved", "block_hashes": [3], "medium": "GPU"}
+    assert raw[1][3] == {"type": "AllBlocksCleared"}
+
+
+def test_hash_limits_fit_u64_and_i64_readers() -> None:
+    data = encode_batch(EventBatch(1.0, [BlockRemoved([0, TOP], "GPU")]))
+    # The largest hash is packed as uint64 0xcf followed by 0x7f..: a signed
+    # 64-bit reader sees the same positive number.
+    assert b"\xcf\x7f\xff\xff\xff\xff\xff\xff\xff" in data
+    assert decode_batch(data).events == [BlockRemoved([0, TOP], "GPU")]
+
+
+@pytest.mark.parametrize(
+    ("event", "needle"),
+    [
+        (stored([-1], [1, 2, 3, 4]), "[0, 2**63)"),
+        (stored([1 << 63], [1, 2, 3, 4]), "[0, 2**63)"),
+        (stored([1.0], [1, 2, 3, 4]), "[0, 2**63)"),  # type: ignore[list-item]
+        (stored([], []), "empty"),
+        (stored([1], [1, 2, 3]), "expected 1 blocks"),
+        (stored([1], [1, 2, 3, 4.5]), "only ints"),  # type: ignore[list-item]
+        (stored([1], [1, 2, 3, "4"]), "only ints"),  # type: ignore[list-item]
+        (stored([1], [1, 2, 3, 4], parent=-3), "parent_block_hash"),
+        (stored([1], [1, 2, 3, 4], medium="HBM"), "medium"),  # type: ignore[arg-type]
+        (stored([1], [1, 2, 3, 4], lora_id="a"), "lora_id"),  # type: ignore[arg-type]
+        (BlockRemoved([1 << 64], "GPU"), "[0, 2**63)"),
+        (BlockStored((1,), None, bytearray(4), BS), "token_ids must be a list"),  # type: ignore[arg-type]
+        ("BlockStored", "not an event record"),
+    ],
+)
+def test_check_events_names_the_problem(event: Any, needle: str) -> None:
+    with pytest.raises(ValueError) as err:
+        check_events([stored([1], [1, 2, 3, 4]), event])
+    assert "event 1" in str(err.value)
+    assert needle in str(err.value)
+
+
+def test_good_payload_decodes() -> None:
+    batch = decode_batch(payload(good_stored_map(parent_block_hash=3, lora_id=1), dp_rank=5))
+    assert batch.dp_rank == 5 and batch.ts == 1.5
+    assert batch.events == [BlockStored([1, 2], 3, list(range(2 * BS)), BS, 1, "GPU", None)]
+
+
+def test_unknown_keys_are_ignored() -> None:
+    event = decode_batch(payload(good_stored_map(extra_keys=[1, 2]))).events[0]
+    assert event == BlockStored([1, 2], None, list(range(2 * BS)), BS, None, "GPU", None)
+
+
+BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
+    ("not msgpack", b"\xc1", "not one msgpack object"),
+    ("truncated", payload(good_stored_map())[:-3], "not one msgpack object"),
+    ("trailing bytes", payload(good_stored_map()) + b"\x00", "not one msgpack object"),
+    ("a map", msgpack.packb({"ts": 1}), "array of 3"),
+    ("array of 2", msgpack.packb([1.0, []]), "array of 2"),
+    ("array of 4", msgpack.packb([1.0, [], None, 0]), "array of 4"),
+    ("ts a string", payload(good_stored_map(), ts="now"), "ts must be a number"),
+    ("dp_rank a float", payload(good_stored_map(), dp_rank=1.0), "dp_rank"),
+    ("events a map", msgpack.packb([1.0, {"a": 1}, None]), "events must be an array"),
+    ("empty batch", payload(), "zero events"),
+    ("event an array", payload(["BlockStored", [1]]), "must be a map"),
+    ("type not first", payload({"block_hashes": [1], "type": "BlockRemoved", "medium": "GPU"}), "first key"),
+    ("unknown type", payload({"type": "BlockMoved"}), "unknown event type 'BlockMoved'"),
+    ("no hashes", payload(good_stored_map(block_hashes=_DROP)), "lacks required key 'block_hashes'"),
+    ("no tokens", payload(good_stored_map(token_ids=_DROP)), "lacks required key 'token_ids'"),
+    ("no block size", payload(good_stored_map(block_size=_DROP)), "lacks required key 'block_size'"),
+    ("no medium", payload(good_stored_map(medium=_DROP)), "lacks required key 'medium'"),
+    ("removal without medium", payload({"type": "BlockRemoved", "block_hashes": [1]}), "'medium'"),
+    ("hash negative", payload(good_stored_map(block_hashes=[1, -2])), "[0, 2**63)"),
+    ("hash too big", payload(good_stored_map(block_hashes=[1, 1 << 63])), "[0, 2**63)"),
+    ("hash a string", payload(good_stored_map(block_hashes=[1, "2"])), "[0, 2**63)"),
+    ("hash a bool", payload(good_stored_map(block_hashes=[1, True])), "[0, 2**63)"),
+    ("hash a float", payload({"type": "BlockRemoved", "block_hashes": [1.0], "medium": "GPU"}), "[0, 2**63)"),
+    ("hashes not a list", payload(good_stored_map(block_hashes=5)), "must be a list"),
+    ("token count", payload(good_stored_map(token_ids=[1, 2, 3])), "expected 2 blocks"),
+    ("token a float", payload(good_stored_map(token_ids=[0.5] * (2 * BS))), "only ints"),
+    ("token nil", payload(good_stored_map(token_ids=[None] * (2 * BS))), "only ints"),
+    ("block size zero", payload(good_stored_map(block_size=0)), "block_size"),
+    ("medium unknown", payload(good_stored_map(medium="HBM")), "medium 'HBM'"),
+    ("medium a list", payload(good_stored_map(medium=["GPU"])), "medium"),
+    ("parent a string", payload(good_stored_map(parent_block_hash="p")), "parent_block_hash"),
+    ("lora_id a string", payload(good_stored_map(lora_id="1")), "lora_id"),
+    ("lora_name an int", payload(good_stored_map(lora_name=1)), "lora_name"),
+]
+
+
+@pytest.mark.parametrize(("case", "data", "needle"), BAD_PAYLOADS, ids=[c[0] for c in BAD_PAYLOADS])
+def test_decode_rejects_with_a_specific_error(case: str, data: bytes, needle: str) -> None:
+    with pytest.raises(DecodeError) as err:
+        decode_batch(data)
+    assert needle in str(err.value), f"{case}: {err.value}"
+    assert isinstance(err.value, ValueError)
+
+
+def test_decode_error_names_the_event_position() -> None:
+    bad = payload({"type": "AllBlocksCleared"}, good_stored_map(block_hashes=[-1]))
+    with pytest.raises(DecodeError, match=r"^event 1: "):
+        decode_batch(bad)

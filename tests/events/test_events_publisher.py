@@ -1,0 +1,169 @@
+"""ZmqEventPublisher: binding, sequence numbers, drops, flushing, shutdown."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import zmq
+from events_testkit import BS, MakePublisher, replay, stored, sync_raw, wait_until
+
+from events import (
+    BindError,
+    BlockRemoved,
+    NullEventPublisher,
+    PublisherConfig,
+    PublisherStats,
+    ZmqEventPublisher,
+)
+
+
+def seqs(answer: list[list[bytes]]) -> list[int]:
+    return [int.from_bytes(m[2], "big", signed=True) for m in answer[:-1]]
+
+
+def test_endpoint_in_use_is_a_clear_error(zctx: zmq.Context[Any]) -> None:
+    squatter = zctx.socket(zmq.PUB)
+    squatter.bind("tcp://127.0.0.1:*")
+    taken = squatter.getsockopt(zmq.LAST_ENDPOINT).decode()
+    with pytest.raises(BindError) as err:
+        ZmqEventPublisher(PublisherConfig(endpoint=taken, replay_endpoint=None))
+    assert taken in str(err.value) and "in use" in str(err.value)
+    with pytest.raises(BindError, match=taken.replace(".", r"\.")):
+        ZmqEventPublisher(PublisherConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint=taken))
+
+
+def test_a_second_publisher_on_the_same_endpoint_fails(make_publisher: MakePublisher) -> None:
+    first = make_publisher()
+    with pytest.raises(BindError, match="cannot bind event endpoint"):
+        make_publisher(endpoint=first.endpoint)
+    first.publish([BlockRemoved([1], "GPU")])  # the first one is unharmed
+    assert wait_until(lambda: first.stats().sent == 2)
+
+
+def test_defaults_are_loopback_and_validated() -> None:
+    cfg = PublisherConfig()
+    assert cfg.endpoint == "tcp://127.0.0.1:5557"
+    assert cfg.replay_endpoint == "tcp://127.0.0.1:5558"
+    assert cfg.replay_buffer_size == 10_000 and cfg.topic == ""
+    with pytest.raises(ValueError, match="queue_size"):
+        PublisherConfig(queue_size=0)
+    with pytest.raises(ValueError, match="must differ"):
+        PublisherConfig(endpoint="tcp://127.0.0.1:6000", replay_endpoint="tcp://127.0.0.1:6000")
+    with pytest.raises(ValueError, match="dp_rank"):
+        PublisherConfig(dp_rank=-1)
+
+
+def test_sequence_numbers_and_empty_batches(make_publisher: MakePublisher, zctx: zmq.Context[Any]) -> None:
+    pub = make_publisher()
+    pub.publish([])
+    pub.publish([BlockRemoved([1], "GPU")])
+    pub.publish([])
+    pub.publish([BlockRemoved([2], "GPU")])
+    assert pub.stats().published == 3  # the fence, then two
+    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == [0, 1, 2]
+
+
+def test_bad_records_are_refused_before_taking_a_number(make_publisher: MakePublisher) -> None:
+    pub = make_publisher()
+    with pytest.raises(ValueError, match=r"event 1 .*\[0, 2\*\*63\)"):
+        pub.publish([BlockRemoved([1], "GPU"), BlockRemoved([-5], "GPU")])
+    with pytest.raises(ValueError, match="expected 1 blocks"):
+        pub.publish([stored([1], [1, 2])])
+    assert pub.stats().published == 1
+
+
+def test_forced_drops_are_counted_and_stay_replayable(
+    make_publisher: MakePublisher, zctx: zmq.Context[Any]
+) -> None:
+    pub = make_publisher()
+    sub = zctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub.endpoint)
+    last = sync_raw(pub, sub)
+    pub.simulate_full_queue(3)
+    for h in range(5):
+        pub.publish([BlockRemoved([h], "GPU")])
+    stats = pub.stats()
+    assert (stats.published - last - 1, stats.dropped) == (5, 3)
+    live = []
+    while sub.poll(300):
+        live.append(int.from_bytes(sub.recv_multipart()[1], "big", signed=True))
+    assert live == [last + 4, last + 5], "only the two batches after the drops go out live"
+    assert seqs(replay(zctx, pub.replay_endpoint or "", last + 1)) == list(range(last + 1, last + 6))
+    assert pub.stats().sent == stats.published - 3
+
+
+def test_full_queue_drops_without_blocking_and_counts_right(
+    make_publisher: MakePublisher, zctx: zmq.Context[Any]
+) -> None:
+    pub = make_publisher(queue_size=1, replay_buffer_size=4_000)
+    n = 3_000
+    t0 = time.monotonic()
+    for h in range(n):
+        pub.publish([BlockRemoved([h], "GPU")])
+    assert time.monotonic() - t0 < 10, "publish() must not wait for the thread"
+    assert wait_until(lambda: (s := pub.stats()).sent + s.dropped == s.published)
+    stats = pub.stats()
+    assert stats.published == n + 1
+    assert stats.sent + stats.dropped == n + 1
+    assert stats.dropped > 0, "a one-batch queue cannot keep up with a tight loop"
+    assert stats.encode_errors == 0
+    # Dropped or not, every batch is replayable.
+    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == list(range(n + 1))
+
+
+def test_slow_subscriber_never_blocks_the_publisher(
+    make_publisher: MakePublisher, zctx: zmq.Context[Any]
+) -> None:
+    pub = make_publisher(send_hwm=2, replay_endpoint=None)
+    stuck = zctx.socket(zmq.SUB)  # connects and never reads
+    stuck.setsockopt(zmq.RCVHWM, 1)
+    stuck.setsockopt(zmq.RCVBUF, 4096)
+    stuck.setsockopt(zmq.SUBSCRIBE, b"")
+    stuck.connect(pub.endpoint)
+    big = [stored(list(range(i * 64, i * 64 + 64)), list(range(64 * BS))) for i in range(4)]
+    t0 = time.monotonic()
+    for _ in range(2_000):
+        pub.publish(big)
+    assert time.monotonic() - t0 < 10
+    # The thread is not stuck behind the full peer: it keeps handing batches to ZMQ.
+    assert wait_until(lambda: (s := pub.stats()).sent + s.dropped == s.published, 10)
+    t0 = time.monotonic()
+    pub.close()
+    assert time.monotonic() - t0 < 0.2 + 5, "close waits for the linger at most"
+
+
+def test_close_flushes_what_is_queued(make_publisher: MakePublisher, zctx: zmq.Context[Any]) -> None:
+    pub = make_publisher(close_linger_ms=2_000)
+    sub = zctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub.endpoint)
+    last = sync_raw(pub, sub)
+    for h in range(200):
+        pub.publish([BlockRemoved([h], "GPU")])
+    pub.close()
+    got = []
+    while sub.poll(500):
+        got.append(int.from_bytes(sub.recv_multipart()[1], "big", signed=True))
+    assert got == list(range(last + 1, last + 201))
+    assert pub.stats().sent == pub.stats().published
+    with pytest.raises(RuntimeError, match="closed"):
+        pub.publish([BlockRemoved([1], "GPU")])
+    pub.close()  # idempotent
+
+
+def test_endpoint_is_free_again_after_close(make_publisher: MakePublisher) -> None:
+    pub = make_publisher()
+    endpoint, replay_endpoint = pub.endpoint, pub.replay_endpoint
+    pub.close()
+    again = make_publisher(endpoint=endpoint, replay_endpoint=replay_endpoint)
+    assert again.endpoint == endpoint
+
+
+def test_null_publisher_does_nothing() -> None:
+    null = NullEventPublisher()
+    null.publish([BlockRemoved([1], "GPU")])
+    assert null.stats() == PublisherStats(0, 0, 0, 0, 0, 0)
+    null.close()
