@@ -37,6 +37,11 @@ class RecencyIndex:
     def __len__(self) -> int:
         return len(self._order)
 
+    def keys(self) -> list[bytes]:
+        """Every record key, oldest first (a snapshot)."""
+        with self._lock:
+            return list(self._order)
+
     @property
     def nbytes(self) -> int:
         return self._nbytes

@@ -273,6 +273,12 @@ class LmdbStorage:
         return max((seq for seq, _k, _s in entries), default=-1) + 1
 
     # -- Storage protocol ---------------------------------------------------
+    def stored_keys(self) -> list[bytes]:
+        """Page keys of every committed record of this fingerprint (a snapshot;
+        O(records), for checks and tools)."""
+        n = len(self._prefix)
+        return [k[n:] for k in self._index.keys() if k[:n] == self._prefix]
+
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
         self._check_open()
         prefix, index = self._prefix, self._index

@@ -25,6 +25,8 @@ from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
 from radixcache.node import Node, PageIds
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
+from events.types import KvEvent
+from radixcache.recorder import EventRecorder
 from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
@@ -47,6 +49,7 @@ class CacheConfig:
     eviction_policy: str = "lru"  # lru, lfu, fifo, priority (see radixcache.eviction)
     allocate_kv: bool = True  # False: index and pools only, no KV tensors
     tiers: TierConfig | None = None  # host (and storage) tiers; None: device only
+    record_events: bool = False  # record page events for take_events() (routers)
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, KVSpec):
@@ -90,6 +93,8 @@ class RadixCache:
         )
         self.pool = PageAllocator(num_pages, "device")
         self.tree = RadixTree(self.page_size, make_eviction_policy(config.eviction_policy))
+        if config.record_events:
+            self.tree.recorder = EventRecorder(self.tree)
         self.counters = Counters()
         self._live: dict[int, Request] = {}
         self._next_rid = 0
@@ -283,6 +288,12 @@ class RadixCache:
         Call once per step on the owner thread; returns how many finished.
         """
         return self.tiers.poll()
+
+    def take_events(self) -> list[KvEvent]:
+        """Page events since the last call, in order (empty unless
+        ``record_events``). Call once per engine step and publish the list:
+        ``publisher.publish(cache.take_events())`` (empty lists are skipped)."""
+        return self.tree.recorder.take()
 
     def close(self) -> None:
         """Finish in-flight tier jobs and stop their threads."""

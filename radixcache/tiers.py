@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from events.types import DISK
 from offload.controller import Job, JobKind, OffloadController
 from offload.host import HostPool, HostPoolConfig
 from offload.lmdb_storage import LmdbStorage, StorageConfig
@@ -361,7 +362,9 @@ class HostTiers:
                 if self.tree.is_attached(node) and not node.busy:
                     self._store(node)
             self._deferred_stores.clear()
-        self.controller.storage.take_removed()
+        # Removals taken before harvesting: every store of a key that left
+        # storage belongs to a ticket finished by now, so stores go out first.
+        removed = self.controller.storage.take_removed()
         done = self.controller.poll()
         for job in done:
             if job.ticket.error is not None:
@@ -375,6 +378,7 @@ class HostTiers:
                 self._finish_load(job)
             else:
                 self._finish_fetch(job)
+        self.tree.recorder.removed_keys(removed, DISK)
         return len(done)
 
     def _finish_backup(self, job: Job) -> None:
@@ -393,7 +397,12 @@ class HostTiers:
         assert isinstance(node, Node)
         node.busy -= 1
         self.tree.unlock(node)
-        if job.ok and int(job.ticket.result()) == len(job.keys):
+        committed = int(job.ticket.result()) if job.ok else 0
+        if committed and self.tree.is_attached(node):
+            self.tree.recorder.stored(node, 0, committed, DISK)
+        if committed == len(job.keys):
+            # A hint that spares a second write; storage may evict the pages
+            # later (announced through take_removed), which leaves it stale.
             node.stored = True
 
     def _finish_load(self, job: Job) -> None:

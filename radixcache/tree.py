@@ -23,9 +23,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from events.types import CPU_PINNED, DISK, GPU
 from radixcache.eviction import EvictionPolicy, SortKey
 from radixcache.hashing import KEY_BYTES, chain_keys
 from radixcache.namespace import Namespace
+from radixcache.recorder import NullRecorder, Recorder
 from radixcache.node import (
     EMPTY_PAGES,
     EvictResult,
@@ -75,6 +77,7 @@ class RadixTree:
         self.evictable_pages = 0
         self.host_pages = 0
         self.node_count = 0
+        self.recorder: Recorder = NullRecorder()  # told of every residency change
 
     # ------------------------------------------------------------------ lookup
     @property
@@ -227,6 +230,7 @@ class RadixTree:
                 self._push(child)  # its key changed: keep the heap fresh
             if child.device is None:
                 self._attach_device(child, pages[pos // p : (pos + matched) // p].copy())
+                self.recorder.stored(child, 0, matched // p, GPU)
                 new_nodes.append(child)
                 offsets.append(pos // p)
             elif existing * p == pos:
@@ -241,7 +245,9 @@ class RadixTree:
         if blocked:  # stopped at a busy node: the rest stays with the caller
             return InsertResult(existing, _concat(parts), node, new_nodes, offsets, pos // p)
         if pos < total and self._can_extend(node):
+            old_pages = node.key.size // p
             self._extend_leaf(node, tokens[pos:], pages[pos // p :])
+            self.recorder.stored(node, old_pages, (total - pos) // p, GPU)
             new_nodes.append(node)
             offsets.append(pos // p)
             parts.append(pages[pos // p :].copy())
@@ -252,6 +258,7 @@ class RadixTree:
             node.children[tokens[pos : pos + p].tobytes()] = leaf
             self.node_count += 1
             self._attach_device(leaf, pages[pos // p :].copy())
+            self.recorder.stored(leaf, 0, (total - pos) // p, GPU)
             new_nodes.append(leaf)
             offsets.append(pos // p)
             parts.append(leaf.device)  # type: ignore[arg-type]
@@ -394,6 +401,7 @@ class RadixTree:
         parent = node.parent
         assert pages is not None and parent is not None, "drop_device on a node without pages"
         assert node.lock_ref == 0 and node.device_children == 0, "drop_device on a protected node"
+        self.recorder.removed(node, GPU)
         node.device = None
         self.device_pages -= pages.size
         self.evictable_pages -= pages.size
@@ -426,6 +434,7 @@ class RadixTree:
         assert pages.size * self.page_size == node.key.size, "host pages do not cover the node"
         node.host = pages
         self.host_pages += pages.size
+        self.recorder.stored(node, 0, int(pages.size), CPU_PINNED)
 
     def attach_device(self, node: Node, pages: PageIds) -> None:
         """Record that a host-only ``node`` is back on the device in ``pages``.
@@ -438,12 +447,14 @@ class RadixTree:
         )
         assert pages.size * self.page_size == node.key.size, "device pages do not cover the node"
         self._attach_device(node, pages)
+        self.recorder.stored(node, 0, int(pages.size), GPU)
 
     def drop_host(self, node: Node) -> PageIds:
         """Remove ``node``'s host residency; the node leaves the tree if it is
         not on the device either (it must then have no children)."""
         pages = node.host
         assert pages is not None and not node.busy and node.lock_ref == 0
+        self.recorder.removed(node, CPU_PINNED)
         node.host = None
         self.host_pages -= pages.size
         if node.device is None:
@@ -478,6 +489,9 @@ class RadixTree:
         parent.children[first] = leaf
         self.node_count += 1
         self.host_pages += host_pages.size
+        n = int(host_pages.size)
+        self.recorder.stored(leaf, 0, n, CPU_PINNED)
+        self.recorder.stored(leaf, 0, n, DISK)  # announced to this publisher's consumers
         return leaf
 
     def is_attached(self, node: Node) -> bool:
@@ -576,10 +590,12 @@ class RadixTree:
         self.node_count -= 1
         self._evictable.discard(node)
         if node.device is not None:
+            self.recorder.removed(node, GPU)
             self.device_pages -= node.device.size
             self.evictable_pages -= node.device.size
             dev.append(node.device)
         if node.host is not None:
+            self.recorder.removed(node, CPU_PINNED)
             self.host_pages -= node.host.size
             host.append(node.host)
 
@@ -604,6 +620,7 @@ class RadixTree:
         self._roots.clear()
         self._evictable.clear()
         self._heap.clear()
+        self.recorder.cleared()
         self.device_pages = self.evictable_pages = self.host_pages = self.node_count = 0
         return _concat(dev), _concat(host)
 

@@ -50,7 +50,7 @@ def compute(cache: RadixCache, req: Request, n: int) -> None:
     slots = kv.slots(req.page_table, start, n)
     toks = req.tokens
     vals = torch.tensor([kv_value(toks[: pos + 1]) for pos in range(start, start + n)])
-    for layer in range(SPEC.num_layers):
+    for layer in range(cache.spec.num_layers):
         k, v = kv.layer_slots(layer)
         k[slots] = (vals + layer).view(-1, 1, 1)
         v[slots] = (-vals - layer).view(-1, 1, 1)
@@ -73,7 +73,7 @@ def assert_kv_correct(cache: RadixCache, req: Request) -> None:
     slots = kv.slots(req.page_table, 0, n)
     toks = req.tokens
     want = torch.tensor([kv_value(toks[: pos + 1]) for pos in range(n)])
-    for layer in range(SPEC.num_layers):
+    for layer in range(cache.spec.num_layers):
         k, v = kv.layer_slots(layer)
         got_k, got_v = k[slots].reshape(n, -1), v[slots].reshape(n, -1)
         assert torch.equal(got_k, (want + layer)[:, None].expand_as(got_k)), f"layer {layer}: wrong K"
