@@ -213,9 +213,9 @@ class RadixCache:
         result = self.tree.insert(
             req.namespace, req.tokens[: full * p], table[:full], req.priority
         )
-        # A busy node (pages in flight) can stop the insert early: the pages
-        # after it stay private to this request and are inserted by a later
-        # commit or freed at release.
+        # A node being loaded back (its device pages in flight) stops the insert
+        # early: the pages after it stay private to this request and are
+        # inserted by a later commit or freed at release.
         full = result.inserted_pages
         # Pages [shared_pages, existing) were computed by this request but are
         # already cached: adopt the tree's pages, free ours.
@@ -387,7 +387,7 @@ class RadixCache:
             return locks
         for job in controller.jobs():
             tag = job.tag
-            node = tag if isinstance(tag, Node) else getattr(tag, "nodes", [None])[-1]
+            node = tag if isinstance(tag, Node) else getattr(tag, "last", None)
             if node is not None:
                 locks[node] = locks.get(node, 0) + 1
         return locks

@@ -72,7 +72,7 @@ class Node:
         self.uid = uid  # creation tick: unique, also the FIFO order
         self.keys: bytes | None = None  # cached 16-byte page keys (a prefix of them, lazily)
         self.heap_seq = -1  # sequence number of this node's newest eviction-heap entry
-        self.busy = 0  # tier jobs in flight on its pages: never split, never adopted
+        self.busy = 0  # tier jobs in flight on its pages (a split copies it to both pieces)
 
     @property
     def is_root(self) -> bool:
@@ -114,7 +114,7 @@ class InsertResult:
     last_node: Node  # node holding the last inserted page
     new_nodes: list[Node]  # nodes whose device pages came from this insert, in path order
     new_node_offsets: list[int]  # for each, the sequence index of the first page this insert gave it
-    inserted_pages: int  # leading pages of the sequence now in the tree (all unless a busy node stopped it)
+    inserted_pages: int  # leading pages now in the tree (all, unless a node being loaded back stopped it)
 
 
 @dataclass(slots=True)

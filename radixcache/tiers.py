@@ -154,9 +154,9 @@ class NullTiers:
 
 @dataclass(slots=True, eq=False)
 class LoadTag:
-    """A LOAD job's context: the host-only nodes it brings back, in path order."""
+    """A LOAD job's context: the host-only run of pages it brings back."""
 
-    nodes: list[Node]  # path order; each gets a slice of the device pages
+    last: Node  # the node holding the run's last page (the job locks it)
     req: Request | None  # the request waiting for it (None once given up)
     before: Node | None  # the request's lock before this load (for a rollback)
     start_page: int  # index in the request's page table of the first loaded page
@@ -242,7 +242,7 @@ class HostTiers:
             self.tree.unlock(last)
             return
         host_pages = np.concatenate([node.host for node in nodes if node.host is not None])
-        tag = LoadTag(nodes, req, req.locked_node, req.num_pages)
+        tag = LoadTag(last, req, req.locked_node, req.num_pages)
         job = self.controller.load(host_pages, dev, tag)
         self._take_pages(req, last, dev, job)
         self.counters.host_hit_tokens += n * self.page_size
@@ -324,16 +324,24 @@ class HostTiers:
             self.counters.failed_jobs += 1
             self.host.free(host_pages)
 
-    def _store(self, node: Node) -> None:
-        """Write a node's complete host copy on to storage."""
-        if not self.has_storage or node.stored or node.host is None:
+    def _store(self, nodes: list[Node]) -> None:
+        """Write the complete host copy of a run of nodes (path order) on to
+        storage, as one job."""
+        nodes = [n for n in nodes if n.host is not None and not n.stored]
+        if not self.has_storage or not nodes:
             return
-        keys = split_keys(self.tree.page_keys(node))
-        tokens = node.key.reshape(-1, self.page_size)
-        self.tree.lock(node)
-        node.busy += 1
-        ns = node.namespace.digest()
-        self.controller.store(keys, tokens, node.host.copy(), ns, node)
+        if len(nodes) > 1 and any(b.parent is not a for a, b in zip(nodes, nodes[1:])):
+            for node in nodes:  # not one run: one job each
+                self._store([node])
+            return
+        last = nodes[-1]
+        keys = split_keys(b"".join(self.tree.page_keys(n) for n in nodes))
+        tokens = np.concatenate([n.key for n in nodes]).reshape(-1, self.page_size)
+        host = np.concatenate([n.host for n in nodes if n.host is not None])
+        self.tree.lock(last)
+        for node in nodes:
+            node.busy += 1
+        self.controller.store(keys, tokens, host, last.namespace.digest(), last)
 
     # ------------------------------------------------------------------ host pool
     def _allocate_host(self, n: int) -> PageIds | None:
@@ -360,7 +368,7 @@ class HostTiers:
         if self._deferred_stores:
             for node in self._deferred_stores:
                 if self.tree.is_attached(node) and not node.busy:
-                    self._store(node)
+                    self._store([node])
             self._deferred_stores.clear()
         # Removals taken before harvesting: every store of a key that left
         # storage belongs to a ticket finished by now, so stores go out first.
@@ -382,43 +390,54 @@ class HostTiers:
         return len(done)
 
     def _finish_backup(self, job: Job) -> None:
-        node = job.tag
-        assert isinstance(node, Node)
-        node.busy -= 1
-        self.tree.unlock(node)
-        if job.ok and node.host is None:
-            self.tree.attach_host(node, job.host_pages)
-            self._store(node)
-        else:
+        last = job.tag
+        assert isinstance(last, Node)
+        nodes = self.tree.pieces(last, job.num_pages)
+        for node in nodes:
+            node.busy -= 1
+        self.tree.unlock(last)
+        if not job.ok:
             self.host.free(job.host_pages)
+            return
+        offset = 0
+        for node in nodes:
+            n = int(node.key.size) // self.page_size
+            self.tree.attach_host(node, job.host_pages[offset : offset + n])
+            offset += n
+        self._store(nodes)
 
     def _finish_store(self, job: Job) -> None:
-        node = job.tag
-        assert isinstance(node, Node)
-        node.busy -= 1
-        self.tree.unlock(node)
+        last = job.tag
+        assert isinstance(last, Node)
+        nodes = self.tree.pieces(last, len(job.keys))
+        for node in nodes:
+            node.busy -= 1
+        self.tree.unlock(last)
         committed = int(job.ticket.result()) if job.ok else 0
-        if committed and self.tree.is_attached(node):
-            self.tree.recorder.stored(node, 0, committed, DISK)
-        if committed == len(job.keys):
-            # A hint that spares a second write; storage may evict the pages
-            # later (announced through take_removed), which leaves it stale.
-            node.stored = True
+        for node in nodes:
+            n = int(node.key.size) // self.page_size
+            if committed > 0:
+                self.tree.recorder.stored(node, 0, min(n, committed), DISK)
+            if committed >= n:
+                # A hint that spares a second write; storage may evict the
+                # pages later (announced through take_removed), leaving it stale.
+                node.stored = True
+            committed -= n
 
     def _finish_load(self, job: Job) -> None:
         tag = job.tag
         assert isinstance(tag, LoadTag) and job.device_pages is not None
-        for node in tag.nodes:
+        nodes = self.tree.pieces(tag.last, job.num_pages)
+        for node in nodes:
             node.busy -= 1
-        last = tag.nodes[-1]
-        self.tree.unlock(last)  # the job's lock
-        first_parent = tag.nodes[0].parent
+        self.tree.unlock(tag.last)  # the job's lock
+        first_parent = nodes[0].parent
         ok = job.ok and (
             first_parent is None or first_parent.parent is None or first_parent.device is not None
         )
         if ok:
             offset = 0
-            for node in tag.nodes:
+            for node in nodes:
                 n = int(node.key.size) // self.page_size
                 self.tree.attach_device(node, job.device_pages[offset : offset + n])
                 offset += n
@@ -457,7 +476,7 @@ class HostTiers:
         load = self.controller.load(
             job.host_pages[:got],
             tag.device_pages[:got],
-            LoadTag([node], req, tag.before, tag.start_page),
+            LoadTag(node, req, tag.before, tag.start_page),
         )
         self.tree.lock(node)  # the request's lock moves to the new node
         if req.locked_node is not None:

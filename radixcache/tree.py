@@ -111,8 +111,6 @@ class RadixTree:
                 break
             matched = self._common_len(child.key, tokens, pos, n)
             if matched < child.key.size:
-                if child.busy:
-                    break  # pages in flight: match up to the node before it
                 child = self._split(child, matched // p)
             child.last_access = tick
             child.hit_count += 1
@@ -167,6 +165,7 @@ class RadixTree:
         upper.last_access = node.last_access
         upper.hit_count = node.hit_count
         upper.priority = node.priority
+        upper.busy = node.busy  # a job in flight covers both pieces
         if node.keys is not None:  # may cover only a prefix of the node
             upper.keys = node.keys[: pages * KEY_BYTES]
             rest = node.keys[pages * KEY_BYTES :]
@@ -219,8 +218,8 @@ class RadixTree:
             if child is None:
                 break
             matched = self._common_len(child.key, tokens, pos, total)
-            if child.busy and (matched < child.key.size or child.device is None):
-                break  # pages in flight: no split, no adoption; insert stops here
+            if child.busy and child.device is None:
+                break  # being loaded back: no adoption; the insert stops here
             if matched < child.key.size:
                 child = self._split(child, matched // p)
             child.last_access = tick
@@ -493,6 +492,22 @@ class RadixTree:
         self.recorder.stored(leaf, 0, n, CPU_PINNED)
         self.recorder.stored(leaf, 0, n, DISK)  # announced to this publisher's consumers
         return leaf
+
+    def pieces(self, last: Node, pages: int) -> list[Node]:
+        """The nodes, in path order, that now hold a run of ``pages`` pages
+        ending with ``last``'s last page (a node split while a job was in
+        flight became a chain of pieces)."""
+        out: list[Node] = []
+        p = self.page_size
+        node: Node | None = last
+        while pages > 0:
+            assert node is not None and node.parent is not None, "job pages outside the tree"
+            out.append(node)
+            pages -= node.key.size // p
+            node = node.parent
+        assert pages == 0, "a job's run does not end on a node boundary"
+        out.reverse()
+        return out
 
     def is_attached(self, node: Node) -> bool:
         """True if ``node`` is still part of the tree."""
