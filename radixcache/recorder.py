@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
-from radixcache.hashing import KEY_BYTES, block_hashes
+from radixcache.hashing import KEY_BYTES, block_hash, block_hashes
 from radixcache.node import Node
 
 
@@ -95,7 +95,7 @@ class EventRecorder:
         self._events.append(
             BlockStored(
                 block_hashes=block_hashes(keys[start * KEY_BYTES : (start + count) * KEY_BYTES]),
-                parent_block_hash=None if parent is None else block_hashes(parent)[0],
+                parent_block_hash=None if parent is None else block_hash(parent),
                 token_ids=node.key[start * p : (start + count) * p].tolist(),
                 block_size=p,
                 lora_id=ns.lora_id,

@@ -30,6 +30,7 @@ from radixcache.bench.naive import NaiveCache, naive_page_hashes
 from radixcache.eviction import make_eviction_policy
 from radixcache.hashing import chain_keys
 from radixcache.namespace import DEFAULT_NAMESPACE as NS
+from radixcache.recorder import EventRecorder
 from radixcache.tree import RadixTree
 from transfer import PageAllocator
 
@@ -38,6 +39,7 @@ SYSTEM = 1024
 REQ = 4096
 TURN = 512
 VOCAB = 32000
+STEP = 16  # requests per engine step in the replay (one event batch per step)
 
 
 def _us(samples: list[float]) -> dict[str, float]:
@@ -168,23 +170,18 @@ def bench_evict(w: Workload, pages_to_evict: int) -> dict[str, Any]:
     }
 
 
-def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -> dict[str, Any]:
-    """Multi-turn chats: each request matches + locks, makes room, unlocks and
-    inserts (unlocking just before the insert, as ``RadixCache.commit`` does,
-    lets a chat's leaf grow in place)."""
-    rng = np.random.default_rng(seed)
-    system = rng.integers(0, VOCAB, SYSTEM, dtype=np.int32)
-    convs = [system.copy() for _ in range(conversations)]
-    schedule = [c for _ in range(turns) for c in rng.permutation(conversations).tolist()]
-    seqs = []  # each request's whole token sequence, built before timing
-    for c in schedule:
-        convs[c] = np.concatenate([convs[c], rng.integers(0, VOCAB, 256, dtype=np.int32)])
-        seqs.append(convs[c])
-
+def _replay_ours(
+    seqs: list[np.ndarray], capacity: int, events: Any
+) -> tuple[float, int, int]:
+    """The tree's side of the mixed replay; with ``events`` (a publisher), page
+    events are recorded and published, one batch per step of STEP requests."""
     tree = RadixTree(P, make_eviction_policy("lru"))
+    if events is not None:
+        tree.recorder = EventRecorder(tree)
     pool = PageAllocator(capacity)
     hit = 0
     total = 0
+    total_req = 0
     t0 = time.perf_counter()
     for seq in seqs:
         m = tree.match(NS, seq)
@@ -203,7 +200,28 @@ def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -
         res = tree.insert(NS, seq[: seq.size - seq.size % P], np.concatenate([m.device_pages, pages]))
         if res.existing_pages > m.device_pages.size:
             pool.free(pages[: res.existing_pages - m.device_pages.size])
-    ours = time.perf_counter() - t0
+        if events is not None and (total_req := total_req + 1) % STEP == 0:
+            events.publish(tree.recorder.take())
+    if events is not None:
+        events.publish(tree.recorder.take())
+    return time.perf_counter() - t0, hit, total
+
+
+def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -> dict[str, Any]:
+    """Multi-turn chats: each request matches + locks, makes room, unlocks and
+    inserts (unlocking just before the insert, as ``RadixCache.commit`` does,
+    lets a chat's leaf grow in place)."""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, VOCAB, SYSTEM, dtype=np.int32)
+    convs = [system.copy() for _ in range(conversations)]
+    schedule = [c for _ in range(turns) for c in rng.permutation(conversations).tolist()]
+    seqs = []  # each request's whole token sequence, built before timing
+    for c in schedule:
+        convs[c] = np.concatenate([convs[c], rng.integers(0, VOCAB, 256, dtype=np.int32)])
+        seqs.append(convs[c])
+
+    _replay_ours(seqs, capacity, events=None)  # warm-up: first-touch page faults
+    _, hit, total = _replay_ours(seqs, capacity, events=None)
 
     naive = NaiveCache(P)
     free = capacity
@@ -222,6 +240,8 @@ def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -
         naive.unlock(nnode)
     base = time.perf_counter() - t0
     n = len(schedule)
+    with_events = _events_overhead(seqs, capacity)
+    ours = with_events.pop("_plain_s")
     return {
         "requests": n,
         "capacity_pages": capacity,
@@ -229,6 +249,42 @@ def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -
         "ours_req_per_s": round(n / ours),
         "naive_req_per_s": round(n / base),
         "speedup": _ratio(base, ours),
+        **with_events,
+    }
+
+
+def _events_overhead(seqs: list[np.ndarray], capacity: int) -> dict[str, Any]:
+    """The replay without events, with recording only, and with recording and
+    publishing over ZMQ on loopback, interleaved 3 times; medians."""
+    from events import PublisherConfig, ZmqEventPublisher
+
+    class Drain:
+        def publish(self, events: list[Any]) -> None:
+            pass
+
+    pub = ZmqEventPublisher(
+        PublisherConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    )
+    try:
+        plain, rec, full = [], [], []
+        for _ in range(3):
+            plain.append(_replay_ours(seqs, capacity, None)[0])
+            rec.append(_replay_ours(seqs, capacity, Drain())[0])
+            full.append(_replay_ours(seqs, capacity, pub)[0])
+        stats = pub.stats()
+    finally:
+        pub.close()
+    base, r, f = statistics.median(plain), statistics.median(rec), statistics.median(full)
+    n = len(seqs)
+    return {
+        "_plain_s": base,
+        "requests_per_event_batch": STEP,
+        "events_record_req_per_s": round(n / r),
+        "events_record_and_publish_req_per_s": round(n / f),
+        "events_record_overhead": round(r / base - 1, 3),
+        "events_record_and_publish_overhead": round(f / base - 1, 3),
+        "events_batches_published": stats.published,
+        "events_batches_dropped": stats.dropped,
     }
 
 
