@@ -27,7 +27,7 @@ from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
 from events.types import KvEvent
 from radixcache.recorder import EventRecorder
-from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers
+from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
 from transfer import DeviceKVBuffer, KVSpec, PageAllocator
@@ -137,6 +137,7 @@ class RadixCache:
         req._append_pages(match.device_pages)
         req.shared_pages = req.num_pages
         req.cached_len = req.num_computed = req.reserved_tokens = match.device_len
+        req.hit_device = match.device_len
         self._live[req.rid] = req
         self.tiers.on_admit(req, match, arr)
         c = self.counters
@@ -288,6 +289,10 @@ class RadixCache:
         Call once per step on the owner thread; returns how many finished.
         """
         return self.tiers.poll()
+
+    def tier_stats(self) -> TierStats | None:
+        """A snapshot of the host and storage tiers, None without them."""
+        return self.tiers.stats()
 
     def take_events(self) -> list[KvEvent]:
         """Page events since the last call, in order (empty unless

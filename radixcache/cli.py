@@ -8,6 +8,7 @@ and prints what it cached; ``radixcache bench NAME`` runs a benchmark.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 import numpy as np
@@ -60,6 +61,12 @@ def run_example(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from radixcache.bench.__main__ import main as bench_main
+
+    return bench_main([args.name, *args.rest])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixcache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,15 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--policy", default="lru", help="eviction policy")
     ex.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ex.add_argument("--seed", type=int, default=0)
+    ex.set_defaults(func=run_example)
     bench = sub.add_parser("bench", help="run a benchmark (JSON on stdout)")
     bench.add_argument("name", choices=["tree", "copy", "storage", "events"])
     bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_bench)
+    for module in COMMANDS:  # each adds its subcommand and sets func
+        importlib.import_module(module).register(sub)
     args = parser.parse_args(argv)
-    if args.command == "example":
-        return run_example(args)
-    from radixcache.bench.__main__ import main as bench_main
+    code: int = args.func(args)
+    return code
 
-    return bench_main([args.name, *args.rest])
+
+# Modules with a ``register(subparsers)`` that adds one subcommand.
+COMMANDS: list[str] = []
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ class Request:
         "locked_node",
         "released",
         "pending",
+        "hit_device",
+        "hit_host",
+        "hit_storage",
     )
 
     def __init__(self, rid: int, namespace: Namespace, tokens: TokenArray, priority: int) -> None:
@@ -57,6 +60,9 @@ class Request:
         self.locked_node: Node | None = None  # node this request locks (None: nothing)
         self.released = False  # set by release
         self.pending: list[Any] = []  # tier loads this request waits for (oldest first)
+        self.hit_device = 0  # prompt tokens found on the device at admission
+        self.hit_host = 0  # ... in host memory (loaded back)
+        self.hit_storage = 0  # ... in storage (prefetched)
 
     @property
     def tokens(self) -> TokenArray:

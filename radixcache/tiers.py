@@ -34,7 +34,7 @@ from offload.controller import Job, JobKind, OffloadController
 from offload.host import HostPool, HostPoolConfig
 from offload.lmdb_storage import LmdbStorage, StorageConfig
 from offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
-from offload.storage import ModelFingerprint, NullStorage, Storage
+from offload.storage import ModelFingerprint, NullStorage, Storage, StorageStats
 from radixcache.hashing import KEY_BYTES, chain_keys, split_keys
 from radixcache.node import EMPTY_PAGES, InsertResult, MatchResult, Node, PageIds
 from radixcache.request import Request
@@ -95,6 +95,27 @@ class TierCounters:
     failed_jobs: int = 0  # copies or storage operations that failed
 
 
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """A snapshot of the tiers below the device."""
+
+    host_pages: int  # host pool capacity
+    host_free_pages: int  # free host pages
+    host_cached_pages: int  # host pages held by the tree
+    host_hit_tokens: int  # prompt tokens found in host memory at admission
+    storage_hit_tokens: int  # prompt tokens found in storage at admission
+    loaded_tokens: int  # of those, loaded back in time for their request
+    abandoned_tokens: int  # given up or failed: recomputed
+    backups_skipped: int  # backups not made for lack of host room
+    host_evicted_pages: int  # host pages dropped to make room
+    failed_jobs: int  # copies or storage operations that failed
+    in_flight: int  # jobs in flight now
+    pages_moved: dict[str, int]  # per direction (device_to_host, host_to_device, ...)
+    bytes_moved: dict[str, int]  # per direction
+    bytes_per_second: dict[str, float]  # per direction, over job latency
+    storage: StorageStats | None  # the storage backend's counters, None without one
+
+
 class Tiers(Protocol):
     """What the cache calls; see HostTiers for the behaviour."""
 
@@ -108,6 +129,7 @@ class Tiers(Protocol):
     def forget(self, namespace_digest: bytes) -> None: ...
     def drain(self) -> None: ...
     def job_device_pages(self) -> PageIds: ...
+    def stats(self) -> TierStats | None: ...
     def check_integrity(self) -> None: ...
     def close(self) -> None: ...
 
@@ -144,6 +166,9 @@ class NullTiers:
 
     def job_device_pages(self) -> PageIds:
         return EMPTY_PAGES
+
+    def stats(self) -> TierStats | None:
+        return None
 
     def check_integrity(self) -> None:
         pass
@@ -246,6 +271,7 @@ class HostTiers:
         job = self.controller.load(host_pages, dev, tag)
         self._take_pages(req, last, dev, job)
         self.counters.host_hit_tokens += n * self.page_size
+        req.hit_host = n * self.page_size
 
     def _take_pages(self, req: Request, lock: Node | None, dev: PageIds, job: Job) -> None:
         """The request uses pages still in flight; they count as cached for it."""
@@ -286,6 +312,7 @@ class HostTiers:
         job = self.controller.fetch(keys[:n], tokens[start:end].reshape(n, p), host_pages, tag)
         self._take_pages(req, None, dev, job)
         self.counters.storage_hit_tokens += n * p
+        req.hit_storage = n * p
 
     # ------------------------------------------------------------------ backups
     def on_insert(self, result: InsertResult) -> None:
@@ -594,6 +621,27 @@ class HostTiers:
             if job.kind is JobKind.FETCH and isinstance(job.tag, FetchTag)
         ]
         return np.concatenate(parts) if parts else EMPTY_PAGES
+
+    def stats(self) -> TierStats:
+        c = self.counters
+        t = self.controller.counters
+        return TierStats(
+            host_pages=self.host.capacity,
+            host_free_pages=self.host.free_count,
+            host_cached_pages=self.tree.host_pages,
+            host_hit_tokens=c.host_hit_tokens,
+            storage_hit_tokens=c.storage_hit_tokens,
+            loaded_tokens=c.loaded_tokens,
+            abandoned_tokens=c.abandoned_tokens,
+            backups_skipped=c.backups_skipped,
+            host_evicted_pages=c.host_evicted_pages,
+            failed_jobs=c.failed_jobs,
+            in_flight=self.controller.in_flight,
+            pages_moved={k.value: v for k, v in t.pages.items()},
+            bytes_moved={k.value: v for k, v in t.bytes.items()},
+            bytes_per_second={k.value: t.bytes_per_second(k) for k in JobKind},
+            storage=self.controller.storage.stats() if self.has_storage else None,
+        )
 
     def check_integrity(self) -> None:
         self.host.check_integrity()
