@@ -26,6 +26,7 @@ from radixcache.node import Node, PageIds
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
 from events.types import KvEvent
+from offload.controller import JobKind
 from radixcache.recorder import EventRecorder
 from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
 from radixcache.tokens import as_tokens
@@ -260,6 +261,14 @@ class RadixCache:
         if pages is None:
             self.evict(n - self.pool.free_count)
             pages = self.pool.allocate(n)
+        if pages is None and self.tiers.settle_copies():
+            # Copies in flight pinned pages; once applied they may be evictable.
+            self.evict(n - self.pool.free_count)
+            pages = self.pool.allocate(n)
+        if pages is None and self.tiers.drain():
+            # Storage writes kept host-only children (and so their parents) in place.
+            self.evict(n - self.pool.free_count)
+            pages = self.pool.allocate(n)
         if pages is None:
             self.counters.out_of_pages += 1
             raise OutOfPagesError(n, self.pool.free_count, self.tree.evictable_pages)
@@ -288,7 +297,10 @@ class RadixCache:
 
         Call once per step on the owner thread; returns how many finished.
         """
-        return self.tiers.poll()
+        done = self.tiers.poll()
+        for namespace in list(self._forgotten):  # pages that were busy may go now
+            self.forget_namespace(namespace)
+        return done
 
     def tier_stats(self) -> TierStats | None:
         """A snapshot of the host and storage tiers, None without them."""
@@ -392,6 +404,8 @@ class RadixCache:
             return locks
         for job in controller.jobs():
             tag = job.tag
+            if job.kind is JobKind.STORE:
+                continue  # stores mark nodes busy but do not lock them
             node = tag if isinstance(tag, Node) else getattr(tag, "last", None)
             if node is not None:
                 locks[node] = locks.get(node, 0) + 1

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Modules with a ``register(subparsers)`` that adds one subcommand.
-COMMANDS: list[str] = []
+COMMANDS: list[str] = ["radixcache.demo", "radixcache.replay"]
 
 
 if __name__ == "__main__":

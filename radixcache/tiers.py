@@ -127,7 +127,8 @@ class Tiers(Protocol):
     def abandon(self, req: Request) -> None: ...
     def poll(self) -> int: ...
     def forget(self, namespace_digest: bytes) -> None: ...
-    def drain(self) -> None: ...
+    def drain(self) -> bool: ...
+    def settle_copies(self) -> bool: ...
     def job_device_pages(self) -> PageIds: ...
     def stats(self) -> TierStats | None: ...
     def check_integrity(self) -> None: ...
@@ -161,8 +162,11 @@ class NullTiers:
     def forget(self, namespace_digest: bytes) -> None:
         pass
 
-    def drain(self) -> None:
-        pass
+    def drain(self) -> bool:
+        return False
+
+    def settle_copies(self) -> bool:
+        return False
 
     def job_device_pages(self) -> PageIds:
         return EMPTY_PAGES
@@ -365,7 +369,9 @@ class HostTiers:
         keys = split_keys(b"".join(self.tree.page_keys(n) for n in nodes))
         tokens = np.concatenate([n.key for n in nodes]).reshape(-1, self.page_size)
         host = np.concatenate([n.host for n in nodes if n.host is not None])
-        self.tree.lock(last)
+        # No lock: a store reads host pages only, and busy keeps them (host
+        # eviction, forget and subtree drops skip busy nodes); the device
+        # copy stays evictable meanwhile.
         for node in nodes:
             node.busy += 1
         self.controller.store(keys, tokens, host, last.namespace.digest(), last)
@@ -439,7 +445,6 @@ class HostTiers:
         nodes = self.tree.pieces(last, len(job.keys))
         for node in nodes:
             node.busy -= 1
-        self.tree.unlock(last)
         committed = int(job.ticket.result()) if job.ok else 0
         for node in nodes:
             n = int(node.key.size) // self.page_size
@@ -601,12 +606,23 @@ class HostTiers:
         if self.has_storage:
             self.controller.storage.forget_namespace(namespace_digest)
 
-    def drain(self) -> None:
-        """Wait for every job in flight and apply it."""
+    def settle_copies(self) -> bool:
+        """Wait for the device<->host copies in flight (they pin device pages)
+        and apply them; True if there were any."""
+        copies = [j for j in self.controller.jobs() if j.kind in (JobKind.BACKUP, JobKind.LOAD)]
+        for job in copies:
+            self.controller.wait(job)
         self.poll()
+        return bool(copies)
+
+    def drain(self) -> bool:
+        """Wait for every job in flight and apply it; True if there were any."""
+        self.poll()
+        busy = bool(self.controller.in_flight)
         while self.controller.in_flight:
             self.controller.wait_all()
             self.poll()
+        return busy
 
     def job_device_pages(self) -> PageIds:
         """Device pages owned by in-flight loads (not in the tree yet)."""

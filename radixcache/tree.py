@@ -363,6 +363,7 @@ class RadixTree:
             self._rebuild_heap()  # mostly superseded entries: cheaper to start over
         heap = self._heap
         key = self.policy.key
+        skipped: list[Node] = []
         while count < num_pages and heap:
             entry = heapq.heappop(heap)
             node = entry[-1]
@@ -374,9 +375,15 @@ class RadixTree:
                 continue
             if before_drop is not None:
                 before_drop(node)
+            if node.host is None and node.children and self._busy_below(node):
+                skipped.append(node)  # host-only children being written: not now
+                continue
             pages = self.drop_device(node, host)
             dev.append(pages)
             count += pages.size
+        for node in skipped:  # still candidates: give them their heap entry back
+            if node in self._evictable:
+                self._push(node)
         return EvictResult(_concat(dev), _concat(host))
 
     def _rebuild_heap(self) -> None:
@@ -417,6 +424,10 @@ class RadixTree:
             self._remove_node(node)
         self._update_candidate(parent)
         return pages
+
+    def _busy_below(self, node: Node) -> bool:
+        """True if a job is in flight on ``node`` or any descendant."""
+        return any(n.busy for n in self._subtree(node))
 
     def _remove_node(self, node: Node) -> None:
         parent = node.parent
@@ -585,7 +596,7 @@ class RadixTree:
         while stack:
             node = stack.pop()
             for first, child in list(node.children.items()):
-                if child.lock_ref > 0:
+                if child.lock_ref > 0 or self._busy_below(child):
                     if child.device is not None:
                         pending += child.device.size
                     stack.append(child)
@@ -595,6 +606,8 @@ class RadixTree:
                     node.device_children -= 1
                 for gone in self._subtree(child):
                     self._discount(gone, dev, host)
+            if node.parent is not None:
+                self._update_candidate(node)  # it may have become a leaf
         if not root.children:
             del self._roots[namespace]
         d, h = _concat(dev), _concat(host)
@@ -722,6 +735,8 @@ class RadixTree:
         )
         assert host_pages == self.host_pages, f"host_pages {self.host_pages} != {host_pages}"
         assert candidates == self._evictable, "eviction candidate set is out of date"
+        live = {e[-1] for e in self._heap if isinstance(e[-1], Node) and e[-2] == e[-1].heap_seq}
+        assert self._evictable <= live, "an eviction candidate has no live heap entry"
         for name, seen in (("device", seen_device), ("host", seen_host)):
             ids = _concat(seen)
             assert np.unique(ids).size == ids.size, f"a {name} page is owned by two nodes"

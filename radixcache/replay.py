@@ -1,0 +1,517 @@
+"""``radixcache replay TRACE.jsonl``: replay a Mooncake trace through the cache.
+
+A Mooncake trace line names a request's prompt by block hashes::
+
+    {"timestamp": 0, "input_length": 1500, "output_length": 6, "hash_ids": [7, 8, 9]}
+
+    block:     7 (512 tokens)  8 (512 tokens)  9 (the rest: 1500 - 2*512 = 476)
+
+Ids are prefix hashes: two requests with the same id at a block share the
+whole prefix up to and including that block. The replay turns every id into
+a fixed run of pseudo-random tokens (a function of the id and the position in
+the block only), so equal ids give equal tokens, and drives the real
+``RadixCache`` (same tree, eviction and tier code) one request at a time::
+
+    admit -> settle -> reserve + commit the uncached prompt (prefill)
+          -> [decode: extend + reserve + commit, a page at a time] -> release -> settle
+
+"settle" waits for every tier job in flight and only then applies them
+(``poll``), until nothing is in flight: the host and storage copies then
+finish in the same order at the same point of every run, so the counted
+figures never depend on thread timing. A request therefore always gets what
+the tiers hold (the ``wait_complete`` prefetch policy, which the replay sets).
+
+The KV spec is tiny (1 layer, 1 KV head, head_dim 1, float16): the tiers
+really copy and store bytes, but few of them. Without tiers no KV tensor is
+allocated at all (``allocate_kv=False``): the tree and the accounting are the
+same either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from offload.host import HostPoolConfig
+from offload.lmdb_record import record_size
+from offload.lmdb_storage import StorageConfig
+from offload.policy import make_write_policy
+from radixcache.cache import CacheConfig, RadixCache
+from radixcache.errors import OutOfPagesError
+from radixcache.eviction import eviction_policy_names, make_eviction_policy
+from radixcache.tiers import HostTiers, TierConfig
+from radixcache.tokens import TokenArray
+from transfer import KVSpec
+
+BLOCK_SIZE = 512  # tokens per Mooncake hash block
+_KEYS = ("input_length", "output_length", "hash_ids")  # required on every line
+
+
+class TraceError(ValueError):
+    """A trace that is not valid Mooncake JSONL; the message names the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One trace line."""
+
+    line: int  # 1-based line number in the trace file
+    input_length: int  # prompt tokens
+    output_length: int  # generated tokens
+    hash_ids: npt.NDArray[np.int64]  # one id per prompt block (the last may be partial)
+
+
+def _id_limit(block_size: int) -> int:
+    """Ids below this keep every prompt input ``id * block_size + j`` below 2**63."""
+    return (1 << 63) // block_size
+
+
+def _int_field(rec: dict[str, Any], key: str, lowest: int, where: str) -> int:
+    value = rec[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
+        raise TraceError(f"{where}: {key} must be an int >= {lowest}, got {value!r}")
+    return value
+
+
+def parse_request(text: str, line: int, where: str, block_size: int = BLOCK_SIZE) -> TraceRequest:
+    """Validate one JSON line; raises TraceError naming ``where`` (file:line)."""
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{where}: malformed JSON: {err.msg} (column {err.colno})") from None
+    if not isinstance(rec, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    missing = [k for k in _KEYS if k not in rec]
+    if missing:
+        raise TraceError(f"{where}: missing key(s) {', '.join(missing)}")
+    ts = rec.get("timestamp", 0)
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        raise TraceError(f"{where}: timestamp must be a number, got {ts!r}")
+    input_length = _int_field(rec, "input_length", 1, where)
+    output_length = _int_field(rec, "output_length", 0, where)
+    ids = rec["hash_ids"]
+    if not isinstance(ids, list) or not ids:
+        raise TraceError(f"{where}: hash_ids must be a non-empty list of ints, got {ids!r:.60}")
+    top = _id_limit(block_size)
+    if not all(type(i) is int and 0 <= i < top for i in ids):
+        bad = next(i for i in ids if not (type(i) is int and 0 <= i < top))
+        raise TraceError(f"{where}: hash_ids must be ints in [0, {top}), got {bad!r}")
+    lo, hi = (len(ids) - 1) * block_size + 1, len(ids) * block_size
+    if not lo <= input_length <= hi:
+        raise TraceError(
+            f"{where}: input_length {input_length} does not match {len(ids)} hash_ids of "
+            f"{block_size} tokens (expected {lo}..{hi})"
+        )
+    return TraceRequest(line, input_length, output_length, np.asarray(ids, dtype=np.int64))
+
+
+def load_trace(
+    path: str | os.PathLike[str], block_size: int = BLOCK_SIZE, limit: int | None = None
+) -> list[TraceRequest]:
+    """Parse a Mooncake JSONL trace (blank lines skipped), at most ``limit`` requests.
+
+    Raises TraceError (a ValueError) with ``path:line`` for a bad line or an
+    empty trace, OSError if the file cannot be read.
+    """
+    out: list[TraceRequest] = []
+    with open(path, encoding="utf-8") as f:
+        for n, text in enumerate(f, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            if text.strip():
+                out.append(parse_request(text, n, f"{os.fspath(path)}:{n}", block_size))
+    if not out:
+        raise TraceError(f"{os.fspath(path)}: no requests")
+    return out
+
+
+# ---------------------------------------------------------------------- tokens
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_DECODE_DOMAIN = np.uint64(1 << 63)  # decode inputs have the top bit set, prompt inputs not
+
+
+
+def _mix(x: npt.NDArray[np.uint64]) -> TokenArray:
+    """splitmix64's finalizer, top 31 bits: a fixed, well-spread token per input."""
+    x = x ^ (x >> np.uint64(30))
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return (x >> np.uint64(33)).astype(np.int32)
+
+
+def prompt_tokens(req: TraceRequest, block_size: int = BLOCK_SIZE) -> TokenArray:
+    """The prompt of ``req``: block ``b`` holds tokens mix(b * block_size + j),
+    j < block_size; the last block is cut to what ``input_length`` leaves."""
+    ids = req.hash_ids.astype(np.uint64) * np.uint64(block_size)
+    pos = (ids[:, None] + np.arange(block_size, dtype=np.uint64)).ravel()
+    return _mix(pos[: req.input_length])
+
+
+def decode_tokens(index: int, n: int) -> TokenArray:
+    """``n`` generated tokens for request ``index``: unique to it, never in a prompt."""
+    base = _DECODE_DOMAIN | (np.uint64(index) << np.uint64(32))
+    return _mix(base + np.arange(n, dtype=np.uint64))
+
+
+# ---------------------------------------------------------------------- config
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """What to replay against. Validated by building the cache config."""
+
+    page_size: int = 512  # tokens per page (power of two); 512 = one trace block
+    device_pages: int | None = None  # None: 2**20 tokens' worth (2048 pages of 512)
+    host_pages: int = 0  # 0: no host tier
+    storage_pages: int = 0  # 0: no storage tier (needs a host tier)
+    storage_path: str | None = None  # LMDB directory; None: a temporary one
+    write_policy: str = "write_through"  # when device pages get a host copy
+    write_threshold: int = 2  # hits before write_through_selective copies
+    eviction_policy: str = "lru"
+    block_size: int = BLOCK_SIZE  # tokens per trace hash block
+    warmup: float = 0.0  # leading fraction of requests replayed but not counted
+    decode: bool = False  # also generate output_length tokens per request
+    check_integrity: bool = False  # verify the cache after every request (slow)
+
+    def __post_init__(self) -> None:
+        self.spec()  # validates the page size
+        if self.device_pages is not None and (
+            not isinstance(self.device_pages, int) or self.device_pages <= 0
+        ):
+            raise ValueError(f"device pages must be a positive int, got {self.device_pages!r}")
+        if self.host_pages < 0 or self.storage_pages < 0:
+            raise ValueError(
+                f"host and storage pages must be >= 0, got {self.host_pages}, {self.storage_pages}"
+            )
+        if self.storage_pages and not self.host_pages:
+            raise ValueError("a storage tier needs a host tier: give host pages > 0")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+        if self.block_size <= 0:
+            raise ValueError(f"block size must be positive, got {self.block_size}")
+        make_eviction_policy(self.eviction_policy)
+        make_write_policy(self.write_policy)
+
+    @property
+    def num_device_pages(self) -> int:
+        return self.device_pages if self.device_pages is not None else max(1, (1 << 20) // self.page_size)
+
+    def spec(self) -> KVSpec:
+        """The tiny KV geometry: tiers copy real bytes, two per token per K and V."""
+        return KVSpec(1, 1, 1, dtype=torch.float16, page_size=self.page_size)
+
+    def cache_config(self, storage_dir: str | None) -> CacheConfig:
+        """The engine's config (``storage_dir``: where LMDB lives, if storage is on)."""
+        spec = self.spec()
+        tiers = None
+        if self.host_pages:
+            storage = None
+            if self.storage_pages:
+                assert storage_dir is not None
+                cap = self.storage_pages * record_size(spec.page_size, spec.page_bytes)
+                # One writer transaction per job (max_batch_pages=1): batches then
+                # cannot depend on timing, nor can the records they evict. The map is
+                # sized well above what the records need (a full map would evict).
+                storage = StorageConfig(
+                    path=storage_dir, capacity_bytes=cap, durability="fast", num_readers=1,
+                    max_batch_pages=1, map_size_bytes=4 * cap + (256 << 20),
+                )
+            tiers = TierConfig(
+                host=HostPoolConfig(pages=self.host_pages), write_policy=self.write_policy,
+                write_threshold=self.write_threshold, prefetch_policy="wait_complete",
+                storage=storage, model_id="radixcache-replay",
+            )
+        return CacheConfig(
+            spec=spec, device_pages=self.num_device_pages, eviction_policy=self.eviction_policy,
+            allocate_kv=tiers is not None, tiers=tiers,
+        )
+
+    def describe(self) -> dict[str, object]:
+        d = asdict(self)
+        d["device_pages"] = self.num_device_pages
+        del d["check_integrity"]
+        return d
+
+
+# ---------------------------------------------------------------------- figures
+@dataclass(frozen=True, slots=True)
+class ReplayFigures:
+    """What a replay counted (after warmup). Deterministic: equal for equal inputs."""
+
+    requests: int  # requests counted
+    warmup_requests: int  # requests replayed before counting
+    rejected_requests: int  # prompts the device pool could not hold (not counted)
+    prompt_tokens: int  # prompt tokens of counted requests
+    hit_device_tokens: int  # found on the device at admission
+    hit_host_tokens: int  # found in host memory (loaded back)
+    hit_storage_tokens: int  # found in storage (fetched, loaded back)
+    saved_tokens: int  # not recomputed: cached_len once the loads settled
+    decode_tokens: int  # generated tokens (with decode)
+    device_evicted_pages: int  # device pages evicted
+    host_evicted_pages: int  # host pages dropped for room
+    storage_evicted_pages: int  # records storage evicted for room
+    backups_skipped: int  # host copies not made for lack of host room
+    failed_jobs: int  # tier copies or storage operations that failed
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.hit_device_tokens + self.hit_host_tokens + self.hit_storage_tokens
+
+    def ratio(self, tokens: int) -> float:
+        return tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_dict(self) -> dict[str, int | float]:
+        d: dict[str, int | float] = dict(asdict(self))
+        d["hit_tokens"] = self.hit_tokens
+        d["computed_tokens"] = self.prompt_tokens - self.saved_tokens
+        d["hit_ratio"] = self.ratio(self.hit_tokens)
+        d["device_hit_ratio"] = self.ratio(self.hit_device_tokens)
+        d["host_hit_ratio"] = self.ratio(self.hit_host_tokens)
+        d["storage_hit_ratio"] = self.ratio(self.hit_storage_tokens)
+        d["saved_ratio"] = self.ratio(self.saved_tokens)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    config: ReplayConfig
+    figures: ReplayFigures  # deterministic
+    wall_s: float  # replay time (not deterministic)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"config": self.config.describe(), "figures": self.figures.to_dict(),
+                "wall_s": round(self.wall_s, 3)}
+
+
+@dataclass(slots=True)
+class _Tally:
+    requests: int = 0
+    rejected: int = 0
+    prompt: int = 0
+    device: int = 0
+    host: int = 0
+    storage: int = 0
+    saved: int = 0
+    decode: int = 0
+
+
+def _eviction_marks(cache: RadixCache) -> tuple[int, int, int, int, int]:
+    t = cache.tier_stats()
+    if t is None:
+        return (cache.stats().evicted_pages, 0, 0, 0, 0)
+    stored = t.storage.evicted if t.storage is not None else 0
+    return (cache.stats().evicted_pages, t.host_evicted_pages, stored, t.backups_skipped,
+            t.failed_jobs)
+
+
+# ---------------------------------------------------------------------- replay
+def settle(cache: RadixCache) -> None:
+    """Wait for every tier job in flight, then apply them all; repeat until
+    none is in flight (applying one may start another: backup -> store,
+    fetch -> load). Every job is done before the poll that applies it, so the
+    order of application is the order of submission, whatever the threads did."""
+    tiers = cache.tiers
+    if not isinstance(tiers, HostTiers):
+        return
+    while True:
+        tiers.controller.wait_all()
+        cache.poll()  # also submits stores deferred by evictions
+        if not tiers.controller.in_flight:
+            return
+
+
+def _serve(cache: RadixCache, index: int, r: TraceRequest, config: ReplayConfig,
+           t: _Tally | None) -> None:
+    """One request through the cache; adds to ``t`` unless it is None (warmup)."""
+    req = cache.admit(prompt_tokens(r, config.block_size))
+    settle(cache)
+    assert req.ready, f"{req!r}: loads still pending after settle"
+    saved = req.cached_len
+    try:
+        n = req.num_tokens - req.num_computed
+        cache.reserve(req, n)
+        cache.commit(req, n)
+    except OutOfPagesError:
+        if t is not None:
+            t.rejected += 1
+        cache.release(req)
+        settle(cache)
+        return
+    decoded = 0
+    if config.decode and r.output_length:
+        out, p = decode_tokens(index, r.output_length), config.page_size
+        try:
+            while decoded < out.size:  # page by page: the tree sees what token-by-token would
+                n = min(p - req.num_tokens % p, out.size - decoded)
+                cache.extend(req, out[decoded : decoded + n])
+                cache.reserve(req, n)
+                cache.commit(req, n)
+                decoded += n
+        except OutOfPagesError:
+            pass  # the pool cannot hold this request's output: stop generating
+    cache.release(req)
+    settle(cache)
+    if t is not None:
+        t.requests += 1
+        t.prompt += r.input_length
+        t.device += req.hit_device
+        t.host += req.hit_host
+        t.storage += req.hit_storage
+        t.saved += saved
+        t.decode += decoded
+
+
+@contextmanager
+def _storage_dir(config: ReplayConfig) -> Iterator[str | None]:
+    if not config.storage_pages:
+        yield None
+    elif config.storage_path is not None:
+        yield config.storage_path
+    else:
+        with tempfile.TemporaryDirectory(prefix="radixcache-replay-") as d:
+            yield d
+
+
+def replay(
+    requests: Sequence[TraceRequest],
+    config: ReplayConfig,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayResult:
+    """Replay ``requests`` in order through a fresh cache built from ``config``.
+
+    ``progress`` is called with the number of requests done so far. Raises
+    ValueError for a bad config. The storage tier lives in
+    ``config.storage_path`` (an existing store there gives hits from the start)
+    or in a temporary directory removed at the end.
+    """
+    warm = int(config.warmup * len(requests))
+    start = time.perf_counter()
+    with _storage_dir(config) as storage_dir:
+        cache = RadixCache(config.cache_config(storage_dir))
+        try:
+            tally, marks = _Tally(), _eviction_marks(cache)
+            for i, r in enumerate(requests):
+                if i == warm:
+                    marks = _eviction_marks(cache)
+                _serve(cache, i, r, config, tally if i >= warm else None)
+                if config.check_integrity:
+                    cache.check_integrity()
+                if progress is not None:
+                    progress(i + 1)
+            end = _eviction_marks(cache)
+        finally:
+            cache.close()
+    d = [b - a for a, b in zip(marks, end)]
+    figures = ReplayFigures(
+        requests=tally.requests, warmup_requests=warm, rejected_requests=tally.rejected,
+        prompt_tokens=tally.prompt, hit_device_tokens=tally.device, hit_host_tokens=tally.host,
+        hit_storage_tokens=tally.storage, saved_tokens=tally.saved, decode_tokens=tally.decode,
+        device_evicted_pages=d[0], host_evicted_pages=d[1], storage_evicted_pages=d[2],
+        backups_skipped=d[3], failed_jobs=d[4],
+    )
+    return ReplayResult(config, figures, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------- command line
+def _config(args: argparse.Namespace) -> ReplayConfig:
+    device = args.device_pages
+    host = args.host_pages
+    if args.host_ratio is not None:
+        dev = ReplayConfig(page_size=args.page_size, device_pages=device).num_device_pages
+        host = max(1, int(args.host_ratio * dev))
+    return ReplayConfig(
+        page_size=args.page_size, device_pages=device, host_pages=host,
+        storage_pages=args.storage_pages, storage_path=args.storage_path,
+        write_policy=args.write_policy, write_threshold=args.write_threshold,
+        eviction_policy=args.eviction_policy, block_size=args.block_size, warmup=args.warmup,
+        decode=args.decode,
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``radixcache replay``: 0 on success, 2 for bad input or options."""
+    from radixcache import replay_plot
+
+    try:
+        if args.sweep is not None and (args.json is not None or args.storage_path is not None):
+            raise ValueError("--json and --storage-path are for single runs; a sweep "
+                             "writes --out PREFIX.{csv,json,png} and uses fresh stores")
+        base = _config(args)
+        sweep = replay_plot.parse_sweep(args.sweep) if args.sweep is not None else None
+        points = replay_plot.sweep_configs(base, sweep, args.host_ratio) if sweep else []
+        if sweep and not args.no_plot:
+            replay_plot.require_matplotlib()
+        requests = load_trace(args.trace, args.block_size, args.limit)
+    except (ValueError, OSError, ImportError) as err:
+        print(f"radixcache replay: error: {err}", file=sys.stderr)
+        return 2
+    n = len(requests)
+    if sweep is None:
+        result = replay(requests, base, replay_plot.make_progress(n, "replay", args.quiet))
+        print(replay_plot.format_report(args.trace, result))
+        if args.json is not None:
+            replay_plot.write_json(args.json, {"trace": args.trace, **result.to_dict()})
+        return 0
+    results = []
+    for i, config in enumerate(points):
+        label = f"{sweep.tier}={sweep.values[i]} [{i + 1}/{len(points)}]"
+        results.append(replay(requests, config, replay_plot.make_progress(n, label, args.quiet)))
+    print(replay_plot.format_table(results, sweep))
+    written = replay_plot.write_sweep(results, sweep, args.out, args.trace, plot=not args.no_plot)
+    print("wrote " + ", ".join(written))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``replay`` to the ``radixcache`` command line."""
+    p = subparsers.add_parser(
+        "replay", help="replay a Mooncake trace through the cache (hit ratios per tier)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("trace", help="Mooncake JSONL trace (timestamp, input_length, "
+                   "output_length, hash_ids per line)")
+    p.add_argument("--page-size", type=int, default=512,
+                   help="tokens per page, a power of two (default 512: one trace block)")
+    p.add_argument("--device-pages", type=int, default=None,
+                   help="device pool in pages (default: 2**20 tokens' worth, 2048 pages of 512)")
+    host = p.add_mutually_exclusive_group()
+    host.add_argument("--host-pages", type=int, default=0, help="host pool in pages (0: none)")
+    host.add_argument("--host-ratio", type=float, default=None,
+                      help="host pool as a multiple of the device pool (scales in a device sweep)")
+    p.add_argument("--storage-pages", type=int, default=0,
+                   help="LMDB storage capacity in pages (0: none; needs a host tier)")
+    p.add_argument("--storage-path", default=None,
+                   help="LMDB directory (default: a temporary one; an existing store is reused)")
+    p.add_argument("--write-policy", default="write_through",
+                   choices=["write_through", "write_through_selective", "write_back"])
+    p.add_argument("--write-threshold", type=int, default=2,
+                   help="hits before write_through_selective copies a node to host")
+    p.add_argument("--eviction-policy", default="lru", choices=eviction_policy_names())
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE,
+                   help="tokens per trace hash block (Mooncake: 512)")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="leading fraction of requests that fill the cache but are not counted")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--decode", action="store_true",
+                   help="also generate output_length tokens per request (off by default: the "
+                   "trace's outputs cannot be hit, they only take room)")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the report as JSON ('-': stdout)")
+    p.add_argument("--sweep", default=None, metavar="[TIER=]N,N,...",
+                   help="replay once per capacity; TIER is device (default), host or storage")
+    p.add_argument("--out", default="replay-sweep", metavar="PREFIX",
+                   help="sweep output: PREFIX.csv, PREFIX.json, PREFIX.png")
+    p.add_argument("--no-plot", action="store_true", help="sweep without the PNG")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_command)
