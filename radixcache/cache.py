@@ -157,11 +157,7 @@ class RadixCache:
         Raises OutOfPagesError, allocating nothing, if even eviction cannot
         make room.
         """
-        self._check_live(req)
-        if not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"reserve takes a non-negative int, got {num_tokens!r}")
-        if req.pending:
-            self.tiers.resolve(req)
+        self._begin_step(req, num_tokens, "reserve")
         target = req.num_computed + num_tokens
         if target > req.reserved_tokens:
             need = -(-target // self.page_size) - req.num_pages
@@ -169,6 +165,15 @@ class RadixCache:
                 req._append_pages(self._allocate(need))
             req.reserved_tokens = target
         return req.page_table
+
+    def _begin_step(self, req: Request, num_tokens: int, what: str) -> None:
+        """Checks shared by reserve and commit; settles pending tier loads
+        (the prefetch policy decides how long to wait)."""
+        self._check_live(req)
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
+            raise ValueError(f"{what} takes a non-negative int, got {num_tokens!r}")
+        if req.pending:
+            self.tiers.resolve(req)
 
     def extend(self, req: Request, tokens: object) -> None:
         """Append tokens the runner produced (e.g. the sampled token) to ``req``."""
@@ -183,11 +188,7 @@ class RadixCache:
         and this request's copies go back to the pool (its page table is
         updated to the tree's pages, which hold the same KV).
         """
-        self._check_live(req)
-        if not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"commit takes a non-negative int, got {num_tokens!r}")
-        if req.pending:
-            self.tiers.resolve(req)
+        self._begin_step(req, num_tokens, "commit")
         end = req.num_computed + num_tokens
         if end > req.reserved_tokens:
             raise ValueError(
