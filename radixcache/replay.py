@@ -25,6 +25,17 @@ The KV spec is tiny (1 layer, 1 KV head, head_dim 1, float16): the tiers
 really copy and store bytes, but few of them. Without tiers no KV tensor is
 allocated at all (``allocate_kv=False``): the tree and the accounting are the
 same either way.
+
+What is counted (after the warmup), per request, from the engine's handle:
+``hit_device``, ``hit_host``, ``hit_storage`` (prompt tokens found in each
+tier at admission) and ``cached_len`` once the loads settled (prefill tokens
+saved; equal to the hits unless a copy failed). Admission always leaves one
+token to compute, in whole pages: a fully cached prompt of k full pages hits
+k - 1 of them. Requests run one at a time in file order (timestamps are not
+used), so none overlap. A prompt needing more pages than the device pool has
+is rejected and counted apart. Decode is off by default: the trace does not
+say what was generated, so synthesized output tokens are never matched by a
+later prompt; with ``--decode`` they only take room, as real outputs would.
 """
 
 from __future__ import annotations
@@ -32,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -142,7 +152,6 @@ _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _DECODE_DOMAIN = np.uint64(1 << 63)  # decode inputs have the top bit set, prompt inputs not
 
 
-
 def _mix(x: npt.NDArray[np.uint64]) -> TokenArray:
     """splitmix64's finalizer, top 31 bits: a fixed, well-spread token per input."""
     x = x ^ (x >> np.uint64(30))
@@ -170,7 +179,7 @@ def decode_tokens(index: int, n: int) -> TokenArray:
 # ---------------------------------------------------------------------- config
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
-    """What to replay against. Validated by building the cache config."""
+    """What to replay against; validated on construction (ValueError)."""
 
     page_size: int = 512  # tokens per page (power of two); 512 = one trace block
     device_pages: int | None = None  # None: 2**20 tokens' worth (2048 pages of 512)
@@ -206,7 +215,9 @@ class ReplayConfig:
 
     @property
     def num_device_pages(self) -> int:
-        return self.device_pages if self.device_pages is not None else max(1, (1 << 20) // self.page_size)
+        if self.device_pages is not None:
+            return self.device_pages
+        return max(1, (1 << 20) // self.page_size)
 
     def spec(self) -> KVSpec:
         """The tiny KV geometry: tiers copy real bytes, two per token per K and V."""
@@ -307,13 +318,24 @@ class _Tally:
     decode: int = 0
 
 
-def _eviction_marks(cache: RadixCache) -> tuple[int, int, int, int, int]:
-    t = cache.tier_stats()
-    if t is None:
-        return (cache.stats().evicted_pages, 0, 0, 0, 0)
-    stored = t.storage.evicted if t.storage is not None else 0
-    return (cache.stats().evicted_pages, t.host_evicted_pages, stored, t.backups_skipped,
-            t.failed_jobs)
+@dataclass(frozen=True, slots=True)
+class _Marks:
+    """The engine's monotonic counters, read where counting starts and ends."""
+
+    device_evicted: int  # CacheStats.evicted_pages
+    host_evicted: int  # TierStats.host_evicted_pages
+    storage_evicted: int  # StorageStats.evicted
+    backups_skipped: int  # TierStats.backups_skipped
+    failed_jobs: int  # TierStats.failed_jobs
+
+    @staticmethod
+    def read(cache: RadixCache) -> _Marks:
+        t = cache.tier_stats()
+        if t is None:
+            return _Marks(cache.stats().evicted_pages, 0, 0, 0, 0)
+        stored = t.storage.evicted if t.storage is not None else 0
+        return _Marks(cache.stats().evicted_pages, t.host_evicted_pages, stored,
+                      t.backups_skipped, t.failed_jobs)
 
 
 # ---------------------------------------------------------------------- replay
@@ -401,79 +423,32 @@ def replay(
     with _storage_dir(config) as storage_dir:
         cache = RadixCache(config.cache_config(storage_dir))
         try:
-            tally, marks = _Tally(), _eviction_marks(cache)
+            tally, first = _Tally(), _Marks.read(cache)
             for i, r in enumerate(requests):
                 if i == warm:
-                    marks = _eviction_marks(cache)
+                    first = _Marks.read(cache)
                 _serve(cache, i, r, config, tally if i >= warm else None)
                 if config.check_integrity:
                     cache.check_integrity()
                 if progress is not None:
                     progress(i + 1)
-            end = _eviction_marks(cache)
+            last = _Marks.read(cache)
         finally:
             cache.close()
-    d = [b - a for a, b in zip(marks, end)]
     figures = ReplayFigures(
         requests=tally.requests, warmup_requests=warm, rejected_requests=tally.rejected,
         prompt_tokens=tally.prompt, hit_device_tokens=tally.device, hit_host_tokens=tally.host,
         hit_storage_tokens=tally.storage, saved_tokens=tally.saved, decode_tokens=tally.decode,
-        device_evicted_pages=d[0], host_evicted_pages=d[1], storage_evicted_pages=d[2],
-        backups_skipped=d[3], failed_jobs=d[4],
+        device_evicted_pages=last.device_evicted - first.device_evicted,
+        host_evicted_pages=last.host_evicted - first.host_evicted,
+        storage_evicted_pages=last.storage_evicted - first.storage_evicted,
+        backups_skipped=last.backups_skipped - first.backups_skipped,
+        failed_jobs=last.failed_jobs - first.failed_jobs,
     )
     return ReplayResult(config, figures, time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------------- command line
-def _config(args: argparse.Namespace) -> ReplayConfig:
-    device = args.device_pages
-    host = args.host_pages
-    if args.host_ratio is not None:
-        dev = ReplayConfig(page_size=args.page_size, device_pages=device).num_device_pages
-        host = max(1, int(args.host_ratio * dev))
-    return ReplayConfig(
-        page_size=args.page_size, device_pages=device, host_pages=host,
-        storage_pages=args.storage_pages, storage_path=args.storage_path,
-        write_policy=args.write_policy, write_threshold=args.write_threshold,
-        eviction_policy=args.eviction_policy, block_size=args.block_size, warmup=args.warmup,
-        decode=args.decode,
-    )
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """``radixcache replay``: 0 on success, 2 for bad input or options."""
-    from radixcache import replay_plot
-
-    try:
-        if args.sweep is not None and (args.json is not None or args.storage_path is not None):
-            raise ValueError("--json and --storage-path are for single runs; a sweep "
-                             "writes --out PREFIX.{csv,json,png} and uses fresh stores")
-        base = _config(args)
-        sweep = replay_plot.parse_sweep(args.sweep) if args.sweep is not None else None
-        points = replay_plot.sweep_configs(base, sweep, args.host_ratio) if sweep else []
-        if sweep and not args.no_plot:
-            replay_plot.require_matplotlib()
-        requests = load_trace(args.trace, args.block_size, args.limit)
-    except (ValueError, OSError, ImportError) as err:
-        print(f"radixcache replay: error: {err}", file=sys.stderr)
-        return 2
-    n = len(requests)
-    if sweep is None:
-        result = replay(requests, base, replay_plot.make_progress(n, "replay", args.quiet))
-        print(replay_plot.format_report(args.trace, result))
-        if args.json is not None:
-            replay_plot.write_json(args.json, {"trace": args.trace, **result.to_dict()})
-        return 0
-    results = []
-    for i, config in enumerate(points):
-        label = f"{sweep.tier}={sweep.values[i]} [{i + 1}/{len(points)}]"
-        results.append(replay(requests, config, replay_plot.make_progress(n, label, args.quiet)))
-    print(replay_plot.format_table(results, sweep))
-    written = replay_plot.write_sweep(results, sweep, args.out, args.trace, plot=not args.no_plot)
-    print("wrote " + ", ".join(written))
-    return 0
-
-
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``replay`` to the ``radixcache`` command line."""
     p = subparsers.add_parser(
@@ -507,11 +482,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--decode", action="store_true",
                    help="also generate output_length tokens per request (off by default: the "
                    "trace's outputs cannot be hit, they only take room)")
-    p.add_argument("--json", default=None, metavar="OUT", help="write the report as JSON ('-': stdout)")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="write the report as JSON ('-': stdout)")
     p.add_argument("--sweep", default=None, metavar="[TIER=]N,N,...",
                    help="replay once per capacity; TIER is device (default), host or storage")
     p.add_argument("--out", default="replay-sweep", metavar="PREFIX",
                    help="sweep output: PREFIX.csv, PREFIX.json, PREFIX.png")
     p.add_argument("--no-plot", action="store_true", help="sweep without the PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_command)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from radixcache.replay_plot import run_command  # reports, sweeps, matplotlib
+
+    return run_command(args)

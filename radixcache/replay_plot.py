@@ -1,5 +1,6 @@
-"""Reports of trace replays: the text summary, the progress bar, capacity
-sweeps and their CSV, JSON and PNG.
+"""The ``radixcache replay`` command's front end: the text report, the
+progress bar, JSON output, capacity sweeps and their CSV, JSON and PNG
+(``radixcache.replay`` does the replaying).
 
 A sweep replays the same trace once per capacity of one tier (the others
 fixed, or the host pool scaled with the device pool by ``--host-ratio``)::
@@ -13,6 +14,7 @@ matplotlib is imported only to draw the PNG (``pip install 'radixcache[plot]'``)
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import IO
 
-from radixcache.replay import ReplayConfig, ReplayResult
+from radixcache.replay import ReplayConfig, ReplayResult, load_trace, replay
 
 TIERS = ("device", "host", "storage")
 PLOT_HINT = "the sweep plot needs matplotlib: pip install 'radixcache[plot]' (or pass --no-plot)"
@@ -104,10 +106,14 @@ def parse_sweep(text: str) -> Sweep:
     try:
         values = tuple(int(v) for v in rest.split(","))
     except ValueError:
-        raise ValueError(f"--sweep: capacities must be ints separated by commas, got {rest!r}") from None
+        raise ValueError(
+            f"--sweep: capacities must be ints separated by commas, got {rest!r}"
+        ) from None
     lowest = 1 if tier == "device" else 0
     if min(values) < lowest or len(set(values)) != len(values):
-        raise ValueError(f"--sweep: {tier} capacities must be distinct ints >= {lowest}, got {rest!r}")
+        raise ValueError(
+            f"--sweep: {tier} capacities must be distinct ints >= {lowest}, got {rest!r}"
+        )
     return Sweep(tier, values)
 
 
@@ -162,8 +168,11 @@ def write_sweep(
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    write_json(paths[1], {"trace": trace, "sweep": {"tier": sweep.tier, "values": list(sweep.values)},
-                          "points": [r.to_dict() for r in results]})
+    write_json(paths[1], {
+        "trace": trace,
+        "sweep": {"tier": sweep.tier, "values": list(sweep.values)},
+        "points": [r.to_dict() for r in results],
+    })
     if plot:
         paths.append(f"{prefix}.png")
         plot_sweep(results, sweep, paths[2], trace)
@@ -198,7 +207,8 @@ def plot_sweep(results: Sequence[ReplayResult], sweep: Sweep, path: str, trace: 
     log = x[0] > 0 and len(x) > 1 and x[-1] / x[0] >= 8
     if len(bands) > 1:
         ax.stackplot(x, *(b[1] for b in bands), labels=[f"{b[0]} hits" for b in bands], alpha=0.45)
-    ax.plot(x, total, marker="o", color="black", label="all tiers" if len(bands) > 1 else "hit ratio")
+    label = "all tiers" if len(bands) > 1 else "hit ratio"
+    ax.plot(x, total, marker="o", color="black", label=label)
     for xi, yi in zip(x, total):
         ax.annotate(f"{yi:.1%}", (xi, yi), textcoords="offset points", xytext=(0, 7),
                     ha="center", fontsize=8)
@@ -216,3 +226,52 @@ def plot_sweep(results: Sequence[ReplayResult], sweep: Sweep, path: str, trace: 
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
+
+
+# ---------------------------------------------------------------------- command
+def _config(args: argparse.Namespace) -> ReplayConfig:
+    device = args.device_pages
+    host = args.host_pages
+    if args.host_ratio is not None:
+        dev = ReplayConfig(page_size=args.page_size, device_pages=device).num_device_pages
+        host = max(1, int(args.host_ratio * dev))
+    return ReplayConfig(
+        page_size=args.page_size, device_pages=device, host_pages=host,
+        storage_pages=args.storage_pages, storage_path=args.storage_path,
+        write_policy=args.write_policy, write_threshold=args.write_threshold,
+        eviction_policy=args.eviction_policy, block_size=args.block_size, warmup=args.warmup,
+        decode=args.decode,
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``radixcache replay``: 0 on success, 2 for bad input or options."""
+    try:
+        if args.sweep is not None and (args.json is not None or args.storage_path is not None):
+            raise ValueError("--json and --storage-path are for single runs; a sweep "
+                             "writes --out PREFIX.{csv,json,png} and uses fresh stores")
+        base = _config(args)
+        sweep = parse_sweep(args.sweep) if args.sweep is not None else None
+        points = sweep_configs(base, sweep, args.host_ratio) if sweep else []
+        if sweep and not args.no_plot:
+            require_matplotlib()
+        requests = load_trace(args.trace, args.block_size, args.limit)
+    except (ValueError, OSError, ImportError) as err:
+        print(f"radixcache replay: error: {err}", file=sys.stderr)
+        return 2
+    n = len(requests)
+    if sweep is None:
+        result = replay(requests, base, make_progress(n, "replay", args.quiet))
+        to_stdout = args.json == "-"  # then stdout is JSON only
+        print(format_report(args.trace, result), file=sys.stderr if to_stdout else sys.stdout)
+        if args.json is not None:
+            write_json(args.json, {"trace": args.trace, **result.to_dict()})
+        return 0
+    results = []
+    for i, config in enumerate(points):
+        label = f"{sweep.tier}={sweep.values[i]} [{i + 1}/{len(points)}]"
+        results.append(replay(requests, config, make_progress(n, label, args.quiet)))
+    print(format_table(results, sweep))
+    written = write_sweep(results, sweep, args.out, args.trace, plot=not args.no_plot)
+    print("wrote " + ", ".join(written))
+    return 0
