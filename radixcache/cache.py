@@ -132,6 +132,10 @@ class RadixCache:
         self._next_rid += 1
         usable = arr[: max(arr.size - 1, 0)]
         match = self.tree.match(namespace, usable, priority)
+        if match.host_nodes and match.host_nodes[0].busy and self.tiers.settle_copies():
+            # Another request is loading this prefix back: let those copies land
+            # (memcpy speed) and share them instead of stopping short.
+            match = self.tree.match(namespace, usable, priority)
         if match.last_device_node is not None:
             self.tree.lock(match.last_device_node)
             req.locked_node = match.last_device_node

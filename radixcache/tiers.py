@@ -192,6 +192,16 @@ class LoadTag:
 
 
 @dataclass(slots=True, eq=False)
+class PrivateLoadTag:
+    """A LOAD of fetched pages into a request's own device pages (the tree got
+    the same pages from elsewhere meanwhile): nothing enters the tree."""
+
+    req: Request | None  # the request waiting for it (None once given up)
+    before: Node | None  # the request's lock before the fetch
+    start_page: int  # index in the request's page table of the first page
+
+
+@dataclass(slots=True, eq=False)
 class FetchTag:
     """A FETCH job's context: pages read from storage for a request."""
 
@@ -415,6 +425,8 @@ class HostTiers:
                 self._finish_backup(job)
             elif job.kind is JobKind.STORE:
                 self._finish_store(job)
+            elif isinstance(job.tag, PrivateLoadTag):
+                self._finish_private_load(job)
             elif job.kind is JobKind.LOAD:
                 self._finish_load(job)
             else:
@@ -490,12 +502,17 @@ class HostTiers:
         got = int(job.ticket.result()) if job.ok else 0
         p = self.page_size
         node = self._attach_fetched(tag, job.host_pages[:got]) if got else None
-        if node is None:  # nothing usable arrived
+        req = tag.req
+        if node is None and got and req is not None:
+            # Verified, but the tree has these pages already: the request loads
+            # its copy privately (host pages are freed when that load is done).
+            self.host.free(job.host_pages[got:])
+            self._load_private(job, tag, req, got)
+            return
+        if node is None:  # nothing usable arrived, or nobody waits for it
             self.host.free(job.host_pages)
-            got = 0
         elif got < job.num_pages:
             self.host.free(job.host_pages[got:])
-        req = tag.req
         if req is None:
             self._free_device(tag.device_pages)
             return
@@ -520,6 +537,32 @@ class HostTiers:
             req.shared_pages = cut
             req.cached_len = req.num_computed = cut * p
             self.counters.abandoned_tokens += (job.num_pages - got) * p
+
+    def _load_private(self, job: Job, tag: FetchTag, req: Request, got: int) -> None:
+        """The fetched pages are verified but the tree has them already (another
+        request fetched the same prefix): load them into the request's own
+        device pages; its next commit finds them cached and frees its copies."""
+        p = self.page_size
+        load = self.controller.load(
+            job.host_pages[:got], tag.device_pages[:got],
+            PrivateLoadTag(req, tag.before, tag.start_page),
+        )
+        req.pending[req.pending.index(job)] = load
+        req.shared_pages = tag.start_page  # from here on the pages are the request's own
+        req.cached_len = req.num_computed = (tag.start_page + got) * p
+
+    def _finish_private_load(self, job: Job) -> None:
+        tag = job.tag
+        assert isinstance(tag, PrivateLoadTag) and job.device_pages is not None
+        self.host.free(job.host_pages)
+        req = tag.req
+        if req is None:
+            self._free_device(job.device_pages)
+        elif job.ok:
+            req.pending.remove(job)
+            self.counters.loaded_tokens += job.num_pages * self.page_size
+        else:
+            self._rollback(req, tag.start_page, tag.before, keep_private=job.device_pages)
 
     def _attach_fetched(self, tag: FetchTag, host_pages: PageIds) -> Node | None:
         """Hang the fetched pages, as one host-only node, under ``tag.parent``.
@@ -571,7 +614,7 @@ class HostTiers:
     @staticmethod
     def _start_of(job: Job) -> int:
         tag = job.tag
-        assert isinstance(tag, (LoadTag, FetchTag))
+        assert isinstance(tag, (LoadTag, FetchTag, PrivateLoadTag))
         return tag.start_page
 
     def resolve(self, req: Request) -> None:
@@ -598,7 +641,7 @@ class HostTiers:
         """Stop waiting for ``req``'s pending loads; it recomputes them."""
         if req.pending:
             first = req.pending[0].tag
-            assert isinstance(first, (LoadTag, FetchTag))
+            assert isinstance(first, (LoadTag, FetchTag, PrivateLoadTag))
             self._rollback(req, first.start_page, first.before)
 
     # ------------------------------------------------------------------ bulk
@@ -626,10 +669,12 @@ class HostTiers:
 
     def job_device_pages(self) -> PageIds:
         """Device pages owned by in-flight loads (not in the tree yet)."""
-        parts = [
+        parts = [  # a private load's pages are already the request's own
             job.device_pages
             for job in self.controller.jobs()
-            if job.kind is JobKind.LOAD and job.device_pages is not None
+            if job.kind is JobKind.LOAD
+            and job.device_pages is not None
+            and not isinstance(job.tag, PrivateLoadTag)
         ]
         parts += [
             job.tag.device_pages
@@ -665,7 +710,7 @@ class HostTiers:
         owned += [
             j.host_pages
             for j in self.controller.jobs()
-            if j.kind in (JobKind.BACKUP, JobKind.FETCH)
+            if j.kind in (JobKind.BACKUP, JobKind.FETCH) or isinstance(j.tag, PrivateLoadTag)
         ]
         ids = np.concatenate(owned)
         assert np.unique(ids).size == ids.size, "a host page is owned twice"

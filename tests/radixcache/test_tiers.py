@@ -272,3 +272,51 @@ def test_unwritable_storage_directory_fails_clearly(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(StorageOpenError, match="file"):
         make_tiered(storage=blocker / "store")
+
+
+def _two_chats() -> tuple[np.ndarray, np.ndarray]:
+    system = seq(0, 4 * P)
+    return (np.concatenate([system, seq(100, 2 * P)]), np.concatenate([system, seq(200, 2 * P)]))
+
+
+def test_burst_admission_shares_a_prefix_being_loaded_back() -> None:
+    a, b = _two_chats()
+    cache = make_tiered(device_pages=32, host_pages=32)
+    cache.release(prefill(cache, a))
+    cache.release(prefill(cache, b))
+    tiers(cache).drain()
+    cache.evict(cache.stats().cached_pages)
+    ra = cache.admit(np.append(a, 1))
+    rb = cache.admit(np.append(b, 2))  # a's load of the shared system prompt is in flight
+    assert (ra.hit_host, rb.hit_device, rb.hit_host) == (6 * P, 4 * P, 2 * P)
+    cache.reserve(ra, 1)
+    cache.reserve(rb, 1)
+    assert_kv_correct(cache, ra)
+    assert_kv_correct(cache, rb)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_concurrent_fetches_of_one_stored_prefix_both_keep_their_pages(tmp_path: Path) -> None:
+    a, b = _two_chats()
+    first = make_tiered(device_pages=32, host_pages=32, storage=tmp_path / "s")
+    first.release(prefill(first, a))
+    first.release(prefill(first, b))
+    first.close()
+    cache = make_tiered(device_pages=32, host_pages=32, storage=tmp_path / "s")
+    ra = cache.admit(np.append(a, 1))
+    rb = cache.admit(np.append(b, 2))  # both fetch the shared system prompt
+    cache.reserve(ra, 1)
+    cache.reserve(rb, 1)
+    assert (ra.num_computed, rb.num_computed) == (6 * P, 6 * P)
+    assert tiers(cache).counters.abandoned_tokens == 0
+    assert_kv_correct(cache, ra)
+    assert_kv_correct(cache, rb)
+    cache.check_integrity()
+    from tests.radixcache.tierkit import compute
+
+    compute(cache, ra, 1)
+    compute(cache, rb, 1)  # b's private copy of the shared pages is deduplicated
+    assert cache.stats().duplicate_pages >= 4
+    cache.check_integrity()
+    cache.close()
