@@ -147,6 +147,9 @@ class CopyPlan:
         return int(self.bounds.size) - 1
 
 
+LOOP_MIN_PAGE_BYTES = 256 << 10  # per view (K or V): gather such pages one by one
+
+
 def _run_bounds(sorted_ids: Ids) -> Ids:
     """Boundaries of maximal runs of consecutive ids in ``sorted_ids``."""
     n = sorted_ids.size
@@ -214,10 +217,17 @@ def execute(plan: CopyPlan, src: torch.Tensor, dst: torch.Tensor) -> None:
             dst_np[d_ids[lo:hi]] = temp_np[: hi - lo]
         return
     gather = plan.kind is PlanKind.GATHER
+    row_bytes = src[0].numel() * src.element_size() if src.shape[0] else 0
     for (lo, hi), merged in zip(itertools.pairwise(bounds), plan.merged.tolist()):
         t0, s0, r = int(d_ids[lo]), int(s_ids[lo]), hi - lo
         if merged:  # one strided block copy
             dst_np[t0 : t0 + r] = src_np[s0 : s0 + r]
+        elif gather and row_bytes >= LOOP_MIN_PAGE_BYTES:
+            # Big pages: one numpy copy per page; the loop costs ~1 us a page
+            # against tens of us of copying, and beats index_select (2 threads
+            # that slow down sharply when the cores are busy).
+            for j in range(lo, hi):
+                dst_np[t0 + j - lo] = src_np[int(s_ids[j])]
         elif gather:  # a destination run from scattered sources
             torch.index_select(src, 0, index[lo:hi], out=dst[t0 : t0 + r])
         else:  # scattered destinations from a source run

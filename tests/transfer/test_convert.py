@@ -228,3 +228,30 @@ def test_any_batch_matches_reference(data: st.DataObject, n: int, min_run_bytes:
     run_h2d(host, dev, pairs(host_ids[::-1], device_ids, 13, 14), min_run_bytes)
     assert torch.equal(as_bits(dev.k), as_bits(want_k))
     assert torch.equal(as_bits(dev.v), as_bits(want_v))
+
+
+def test_large_pages_are_gathered_page_by_page_bit_exact() -> None:
+    """Pages of >= LOOP_MIN_PAGE_BYTES per view take the per-page copy path."""
+    import torch as _torch
+
+    from transfer import DeviceKVBuffer, KVSpec
+    from transfer.convert import LOOP_MIN_PAGE_BYTES, PagePairs, copy_device_to_host, copy_host_to_device
+    from transfer.host import HostKVBuffer
+
+    spec = KVSpec(num_layers=2, num_kv_heads=8, head_dim=512, dtype=_torch.float16, page_size=16)
+    assert spec.page_bytes // 2 >= LOOP_MIN_PAGE_BYTES
+    dev = DeviceKVBuffer(spec, 6)
+    host = HostKVBuffer(spec, 5)
+    gen = _torch.Generator().manual_seed(3)
+    dev.k.copy_(_torch.randn(dev.k.shape, generator=gen).to(dev.k.dtype))
+    dev.v.copy_(_torch.randn(dev.v.shape, generator=gen).to(dev.v.dtype))
+    src, dst = [4, 0, 5, 2], [1, 2, 3, 4]  # one destination run from scattered sources
+    copy_device_to_host(dev, host, PagePairs.check(src, dst, src_name="d", src_limit=6,
+                                                    dst_name="h", dst_limit=5))
+    for s, d in zip(src, dst):
+        assert _torch.equal(host.data[d, 0], dev.k[:, s]) and _torch.equal(host.data[d, 1], dev.v[:, s])
+    back = DeviceKVBuffer(spec, 6)
+    copy_host_to_device(host, back, PagePairs.check(dst, [3, 1, 0, 5], src_name="h", src_limit=5,
+                                                     dst_name="d", dst_limit=6))
+    for s, d in zip(src, [3, 1, 0, 5]):
+        assert _torch.equal(back.k[:, d], dev.k[:, s]) and _torch.equal(back.v[:, d], dev.v[:, s])
