@@ -8,12 +8,22 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from radixcache import OutOfPagesError, Request
+from radixcache import Node, OutOfPagesError, Request
 from radixcache.tiers import HostTiers
 from tests.radixcache.tierkit import P, assert_kv_correct, compute, make_tiered
 from transfer import DeviceKVBuffer, FutureTicket
 from transfer.convert import PagePairs, copy_device_to_host, copy_host_to_device
 from transfer.host import HostKVBuffer
+
+
+def path_tokens(node: Node) -> list[int]:
+    """All tokens from the root down to the end of ``node``."""
+    parts = []
+    n: Node | None = node
+    while n is not None and n.parent is not None:
+        parts.append(n.key)
+        n = n.parent
+    return np.concatenate(parts[::-1]).tolist()
 
 
 class ManualTicket(FutureTicket):
@@ -100,13 +110,7 @@ class TieredMachine(RuleBasedStateMachine):
     def admit(self, body: list[int], reuse: bool) -> Request:
         nodes = list(self.cache.tree.nodes())
         if reuse and nodes:
-            node = nodes[len(body) % len(nodes)]
-            parts = []
-            n = node
-            while n.parent is not None:
-                parts.append(n.key)
-                n = n.parent
-            body = np.concatenate(parts[::-1]).tolist() + body[:3]
+            body = path_tokens(nodes[len(body) % len(nodes)]) + body[:3]
         req = self.cache.admit(np.asarray(body, dtype=np.int32))
         if req.pending:
             event("admitted with a load-back in flight")
@@ -117,13 +121,7 @@ class TieredMachine(RuleBasedStateMachine):
         """A whole request: admit (often a cached prefix), resolve, compute, release."""
         nodes = list(self.cache.tree.nodes())
         if nodes and pick % 3:
-            node = nodes[pick % len(nodes)]
-            parts = []
-            n = node
-            while n.parent is not None:
-                parts.append(n.key)
-                n = n.parent
-            body = np.concatenate(parts[::-1]).tolist() + body[:4]
+            body = path_tokens(nodes[pick % len(nodes)]) + body[:4]
         req = self.cache.admit(np.asarray(body, dtype=np.int32))
         if req.pending:
             event("served with a load-back in flight")
