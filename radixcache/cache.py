@@ -26,7 +26,6 @@ from radixcache.node import Node, PageIds
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
 from events.types import KvEvent
-from offload.controller import JobKind
 from radixcache.recorder import EventRecorder
 from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
 from radixcache.tokens import as_tokens
@@ -401,21 +400,6 @@ class RadixCache:
         if self._live.get(req.rid) is not req:
             raise RequestStateError(f"request {req.rid} does not belong to this cache")
 
-    def _job_locks(self) -> dict[Node, int]:
-        """Locks held by in-flight tier jobs, per node."""
-        locks: dict[Node, int] = {}
-        controller = getattr(self.tiers, "controller", None)
-        if controller is None:
-            return locks
-        for job in controller.jobs():
-            tag = job.tag
-            if job.kind is JobKind.STORE:
-                continue  # stores mark nodes busy but do not lock them
-            node = tag if isinstance(tag, Node) else getattr(tag, "last", None)
-            if node is not None:
-                locks[node] = locks.get(node, 0) + 1
-        return locks
-
     def check_integrity(self) -> None:
         """Verify the tree, the pools, in-flight jobs and every live request
         agree (no leaks, no double ownership, exact lock counts). AssertionError
@@ -431,7 +415,7 @@ class RadixCache:
             private.append(table[req.shared_pages :])
             if req.shared_pages:
                 assert req.locked_node is not None, f"{req!r} shares pages without a lock"
-        self.tree.check_integrity(locks, self._job_locks())
+        self.tree.check_integrity(locks, self.tiers.job_locks())
         self.pool.check_integrity()
         self.tiers.check_integrity()
         tree_pages = self.tree.device_page_ids()

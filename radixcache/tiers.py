@@ -6,8 +6,10 @@ controller, and applies finished moves to the tree in ``poll()`` (on the
 owner thread, the only place async results enter the tree). ``NullTiers`` is
 the device-only cache: every hook does nothing.
 
-Job life cycle (every job locks the nodes it touches and marks them busy, so
-they are neither evicted, split nor adopted while their pages are in flight)::
+Job life cycle. Every job marks the nodes it touches busy (no host eviction,
+no adoption, no removal while pages are in flight); backups and loads also
+lock them against device eviction, stores do not. A node split meanwhile
+passes ``busy`` to both pieces, and the job finds them with ``tree.pieces``::
 
     BACKUP  device -> host     done: node gains host pages -> STORE (if storage)
     STORE   host -> storage    done: node.stored
@@ -130,6 +132,7 @@ class Tiers(Protocol):
     def drain(self) -> bool: ...
     def settle_copies(self) -> bool: ...
     def job_device_pages(self) -> PageIds: ...
+    def job_locks(self) -> dict[Node, int]: ...
     def stats(self) -> TierStats | None: ...
     def check_integrity(self) -> None: ...
     def close(self) -> None: ...
@@ -170,6 +173,9 @@ class NullTiers:
 
     def job_device_pages(self) -> PageIds:
         return EMPTY_PAGES
+
+    def job_locks(self) -> dict[Node, int]:
+        return {}
 
     def stats(self) -> TierStats | None:
         return None
@@ -444,12 +450,35 @@ class HostTiers:
         if not job.ok:
             self.host.free(job.host_pages)
             return
+        for node, pages in self._share_out(nodes, job.host_pages):
+            self.tree.attach_host(node, pages)
+        self._store(nodes)
+
+    def _share_out(self, nodes: list[Node], pages: PageIds) -> list[tuple[Node, PageIds]]:
+        """Split a run of page ids over the nodes (path order) that hold it."""
+        out = []
         offset = 0
         for node in nodes:
             n = int(node.key.size) // self.page_size
-            self.tree.attach_host(node, job.host_pages[offset : offset + n])
+            out.append((node, pages[offset : offset + n]))
             offset += n
-        self._store(nodes)
+        return out
+
+    def job_locks(self) -> dict[Node, int]:
+        """Locks held by in-flight jobs, per node (backups and loads; stores
+        mark nodes busy without locking them)."""
+        locks: dict[Node, int] = {}
+        for job in self.controller.jobs():
+            tag = job.tag
+            if job.kind is JobKind.BACKUP:
+                node: Node | None = tag if isinstance(tag, Node) else None
+            elif isinstance(tag, LoadTag):
+                node = tag.last
+            else:
+                node = None
+            if node is not None:
+                locks[node] = locks.get(node, 0) + 1
+        return locks
 
     def _finish_store(self, job: Job) -> None:
         last = job.tag
@@ -480,11 +509,8 @@ class HostTiers:
             first_parent is None or first_parent.parent is None or first_parent.device is not None
         )
         if ok:
-            offset = 0
-            for node in nodes:
-                n = int(node.key.size) // self.page_size
-                self.tree.attach_device(node, job.device_pages[offset : offset + n])
-                offset += n
+            for node, pages in self._share_out(nodes, job.device_pages):
+                self.tree.attach_device(node, pages)
         else:
             self._free_device(job.device_pages)
         req = tag.req
