@@ -241,7 +241,7 @@ class RadixTree:
         blocked = pos < total and (
             (child := node.children.get(tokens[pos : pos + p].tobytes())) is not None
         )
-        if blocked:  # stopped at a busy node: the rest stays with the caller
+        if blocked:  # stopped at a node being loaded back: the rest stays with the caller
             return InsertResult(existing, _concat(parts), node, new_nodes, offsets, pos // p)
         if pos < total and self._can_extend(node):
             old_pages = node.key.size // p
@@ -670,7 +670,7 @@ class RadixTree:
         ``locks`` maps each node to the number of ``lock`` calls the caller
         holds on it (``job_locks`` adds those of in-flight jobs); when given,
         every node's ``lock_ref`` must equal its own locks plus its children's
-        ``lock_ref``, and ``busy`` must equal its job count.
+        ``lock_ref``. (``busy`` counts are not checked here.)
         """
         if locks is not None and job_locks:
             merged = dict(locks)
