@@ -60,14 +60,14 @@ This package imports nothing else of the project.
 
 from __future__ import annotations
 
-from events.codec import (
+from radixcache.events.codec import (
     BatchEncoder,
     DecodeError,
     check_events,
     decode_batch,
     encode_batch,
 )
-from events.index import (
+from radixcache.events.index import (
     IndexConfig,
     IndexStats,
     KvIndex,
@@ -75,21 +75,21 @@ from events.index import (
     TierOverlap,
     WorkerId,
 )
-from events.publisher import (
+from radixcache.events.publisher import (
     BindError,
     EventPublisher,
     NullEventPublisher,
     PublisherConfig,
     PublisherStats,
 )
-from events.subscriber import (
+from radixcache.events.subscriber import (
     BatchSink,
     EventSubscriber,
     SubscriberConfig,
     SubscriberStats,
     WorkerEndpoint,
 )
-from events.types import (
+from radixcache.events.types import (
     CPU_PINNED,
     DISK,
     GPU,
@@ -102,7 +102,7 @@ from events.types import (
     KvEvent,
     Medium,
 )
-from events.zmq_publisher import ZmqEventPublisher
+from radixcache.events.zmq_publisher import ZmqEventPublisher
 
 __all__ = [
     "CPU_PINNED",

@@ -33,7 +33,7 @@ from typing import Any
 
 import msgpack
 
-from events.types import (
+from radixcache.events.types import (
     GPU,
     HASH_LIMIT,
     MEDIA,

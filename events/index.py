@@ -28,7 +28,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
-from events.types import (
+from radixcache.events.types import (
     CPU_PINNED,
     DISK,
     GPU,

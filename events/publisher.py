@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from events.types import KvEvent
+from radixcache.events.types import KvEvent
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)  # seq frame ending a replay
 

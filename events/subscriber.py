@@ -38,10 +38,10 @@ from typing import Protocol
 
 import zmq
 
-from events.codec import DecodeError, decode_batch
-from events.index import WorkerId
-from events.publisher import seq_frame
-from events.types import EventBatch
+from radixcache.events.codec import DecodeError, decode_batch
+from radixcache.events.index import WorkerId
+from radixcache.events.publisher import seq_frame
+from radixcache.events.types import EventBatch
 
 logger = logging.getLogger(__name__)
 

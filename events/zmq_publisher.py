@@ -38,15 +38,15 @@ from itertools import islice
 
 import zmq
 
-from events.codec import BatchEncoder, check_events
-from events.publisher import (
+from radixcache.events.codec import BatchEncoder, check_events
+from radixcache.events.publisher import (
     END_OF_REPLAY,
     BindError,
     PublisherConfig,
     PublisherStats,
     seq_frame,
 )
-from events.types import AllBlocksCleared, KvEvent
+from radixcache.events.types import AllBlocksCleared, KvEvent
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from events import (  # noqa: E402
+from radixcache.events import (  # noqa: E402
     EventSubscriber,
     IndexConfig,
     KvIndex,
@@ -33,7 +33,7 @@ from events import (  # noqa: E402
     WorkerEndpoint,
     ZmqEventPublisher,
 )
-from offload.host import HostPoolConfig  # noqa: E402
+from radixcache.offload.host import HostPoolConfig  # noqa: E402
 from radixcache import CacheConfig, KVSpec, RadixCache  # noqa: E402
 from radixcache.tiers import TierConfig  # noqa: E402
 

@@ -6,9 +6,9 @@ This package may import ``transfer`` (and ``events`` types); it never imports
 
 from __future__ import annotations
 
-from offload.host import HostPool, HostPoolConfig
-from offload.lmdb_storage import LmdbStorage, StorageConfig
-from offload.storage import (
+from radixcache.offload.host import HostPool, HostPoolConfig
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.storage import (
     ModelFingerprint,
     NullStorage,
     Storage,

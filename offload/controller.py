@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from offload.host import HostPool
-from offload.storage import Storage, TokenPages
-from transfer.allocator import PageIds
-from transfer.engine import CopyEngine
-from transfer.ticket import Ticket
+from radixcache.offload.host import HostPool
+from radixcache.offload.storage import Storage, TokenPages
+from radixcache.transfer.allocator import PageIds
+from radixcache.transfer.engine import CopyEngine
+from radixcache.transfer.ticket import Ticket
 
 
 class JobKind(enum.Enum):

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy.typing as npt
 import torch
 
-from transfer.allocator import PageAllocator, PageIds
-from transfer.host import HostKVBuffer
-from transfer.layout import KVSpec
+from radixcache.transfer.allocator import PageAllocator, PageIds
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import KVSpec
 
 
 @dataclass(frozen=True, slots=True)

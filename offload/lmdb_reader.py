@@ -24,13 +24,13 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from offload import lmdb_record as rec
-from offload.lmdb_index import RecencyIndex
-from offload.lmdb_space import MapGate
-from offload.lmdb_writer import DeleteJob, LmdbWriter
-from offload.storage import Counters, HostPages, StorageError, TokenPages
-from transfer.host import HostKVBuffer
-from transfer.ticket import FutureTicket
+from radixcache.offload import lmdb_record as rec
+from radixcache.offload.lmdb_index import RecencyIndex
+from radixcache.offload.lmdb_space import MapGate
+from radixcache.offload.lmdb_writer import DeleteJob, LmdbWriter
+from radixcache.offload.storage import Counters, HostPages, StorageError, TokenPages
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.ticket import FutureTicket
 
 log = logging.getLogger(__name__)
 

@@ -64,12 +64,12 @@ from dataclasses import dataclass
 import lmdb
 import numpy as np
 
-from offload import lmdb_record as rec
-from offload.lmdb_index import RecencyIndex
-from offload.lmdb_reader import LmdbReader
-from offload.lmdb_space import MapGate, grow_map
-from offload.lmdb_writer import DeleteJob, ForgetJob, LmdbWriter, PutJob
-from offload.storage import (
+from radixcache.offload import lmdb_record as rec
+from radixcache.offload.lmdb_index import RecencyIndex
+from radixcache.offload.lmdb_reader import LmdbReader
+from radixcache.offload.lmdb_space import MapGate, grow_map
+from radixcache.offload.lmdb_writer import DeleteJob, ForgetJob, LmdbWriter, PutJob
+from radixcache.offload.storage import (
     KEY_BYTES,
     Counters,
     HostPages,
@@ -78,9 +78,9 @@ from offload.storage import (
     StorageStats,
     TokenPages,
 )
-from transfer.host import HostKVBuffer
-from transfer.layout import KVSpec
-from transfer.ticket import FutureTicket, Ticket
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import KVSpec
+from radixcache.transfer.ticket import FutureTicket, Ticket
 
 log = logging.getLogger(__name__)
 

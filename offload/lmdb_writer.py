@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 
 import lmdb
 
-from offload import lmdb_record as rec
-from offload.lmdb_index import RecencyIndex
-from offload.lmdb_space import MapGate, disk_room, grow_map, preallocate
-from offload.storage import Counters, HostPages, StorageError, TokenPages
-from transfer.host import HostKVBuffer
-from transfer.ticket import FutureTicket
+from radixcache.offload import lmdb_record as rec
+from radixcache.offload.lmdb_index import RecencyIndex
+from radixcache.offload.lmdb_space import MapGate, disk_room, grow_map, preallocate
+from radixcache.offload.storage import Counters, HostPages, StorageError, TokenPages
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.ticket import FutureTicket
 
 log = logging.getLogger(__name__)
 

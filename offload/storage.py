@@ -35,8 +35,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from transfer.host import HostKVBuffer
-from transfer.ticket import FutureTicket, Ticket
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.ticket import FutureTicket, Ticket
 
 KEY_BYTES = 16  # length of a page key from the radix tree
 

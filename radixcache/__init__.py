@@ -8,45 +8,69 @@ The public surface for a model runner::
     req = cache.admit(prompt_ids)
     ...
 
-See ``radixcache.cache`` for the request lifecycle.
+See ``radixcache.cache`` for the request lifecycle. The layers install under
+this one name: ``radixcache.transfer`` (byte movement), ``radixcache.offload``
+(host pool and storage), ``radixcache.events`` (wire format and ZMQ). The
+names below are resolved lazily, so ``import radixcache.transfer`` or
+``import radixcache.events`` does not load the cache, LMDB or ZMQ.
 """
 
 from __future__ import annotations
 
-from radixcache.cache import CacheConfig, RadixCache
-from radixcache.errors import OutOfPagesError, RequestStateError
-from radixcache.eviction import (
-    EvictionPolicy,
-    eviction_policy_names,
-    make_eviction_policy,
-    register_eviction_policy,
-)
-from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
-from radixcache.node import InsertResult, MatchResult, Node
-from radixcache.request import Request
-from radixcache.stats import CacheStats
-from radixcache.tree import RadixTree
-from transfer import DeviceKVBuffer, KVSpec
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "DEFAULT_NAMESPACE",
-    "CacheConfig",
-    "CacheStats",
-    "DeviceKVBuffer",
-    "EvictionPolicy",
-    "InsertResult",
-    "KVSpec",
-    "MatchResult",
-    "Namespace",
-    "Node",
-    "OutOfPagesError",
-    "RadixCache",
-    "RadixTree",
-    "Request",
-    "RequestStateError",
-    "eviction_policy_names",
-    "make_eviction_policy",
-    "register_eviction_policy",
-]
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from radixcache.cache import CacheConfig, RadixCache
+    from radixcache.errors import OutOfPagesError, RequestStateError
+    from radixcache.eviction import (
+        EvictionPolicy,
+        eviction_policy_names,
+        make_eviction_policy,
+        register_eviction_policy,
+    )
+    from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
+    from radixcache.node import InsertResult, MatchResult, Node
+    from radixcache.request import Request
+    from radixcache.stats import CacheStats
+    from radixcache.transfer import DeviceKVBuffer, KVSpec
+    from radixcache.tree import RadixTree
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "CacheConfig": "radixcache.cache",
+    "RadixCache": "radixcache.cache",
+    "OutOfPagesError": "radixcache.errors",
+    "RequestStateError": "radixcache.errors",
+    "EvictionPolicy": "radixcache.eviction",
+    "eviction_policy_names": "radixcache.eviction",
+    "make_eviction_policy": "radixcache.eviction",
+    "register_eviction_policy": "radixcache.eviction",
+    "DEFAULT_NAMESPACE": "radixcache.namespace",
+    "Namespace": "radixcache.namespace",
+    "InsertResult": "radixcache.node",
+    "MatchResult": "radixcache.node",
+    "Node": "radixcache.node",
+    "Request": "radixcache.request",
+    "CacheStats": "radixcache.stats",
+    "RadixTree": "radixcache.tree",
+    "DeviceKVBuffer": "radixcache.transfer",
+    "KVSpec": "radixcache.transfer",
+}
+
+__all__ = sorted(_LAZY)
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'radixcache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolve once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -25,12 +25,12 @@ from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
 from radixcache.node import Node, PageIds
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
-from events.types import KvEvent
+from radixcache.events.types import KvEvent
 from radixcache.recorder import EventRecorder
 from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
-from transfer import DeviceKVBuffer, KVSpec, PageAllocator
+from radixcache.transfer import DeviceKVBuffer, KVSpec, PageAllocator
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from events.publisher import EventPublisher
+from radixcache.events.publisher import EventPublisher
 from radixcache.cache import RadixCache
 
 Sample = tuple[str, str, str, dict[str, str], float]  # name, kind, help, labels, value

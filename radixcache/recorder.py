@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
+from radixcache.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
 from radixcache.hashing import KEY_BYTES, block_hash, block_hashes
 from radixcache.node import Node
 

@@ -31,18 +31,18 @@ from typing import Protocol
 
 import numpy as np
 
-from events.types import DISK
-from offload.controller import Job, JobKind, OffloadController
-from offload.host import HostPool, HostPoolConfig
-from offload.lmdb_storage import LmdbStorage, StorageConfig
-from offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
-from offload.storage import ModelFingerprint, NullStorage, Storage, StorageStats
+from radixcache.events.types import DISK
+from radixcache.offload.controller import Job, JobKind, OffloadController
+from radixcache.offload.host import HostPool, HostPoolConfig
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
+from radixcache.offload.storage import ModelFingerprint, NullStorage, Storage, StorageStats
 from radixcache.hashing import KEY_BYTES, chain_keys, split_keys
 from radixcache.node import EMPTY_PAGES, InsertResult, MatchResult, Node, PageIds
 from radixcache.request import Request
 from radixcache.tree import RadixTree
-from transfer import DeviceKVBuffer, KVSpec
-from transfer.engine import make_copy_engine
+from radixcache.transfer import DeviceKVBuffer, KVSpec
+from radixcache.transfer.engine import make_copy_engine
 
 log = logging.getLogger(__name__)
 

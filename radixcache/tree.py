@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from events.types import CPU_PINNED, DISK, GPU
+from radixcache.events.types import CPU_PINNED, DISK, GPU
 from radixcache.eviction import EvictionPolicy, SortKey
 from radixcache.hashing import KEY_BYTES, chain_keys
 from radixcache.namespace import Namespace

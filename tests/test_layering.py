@@ -1,29 +1,67 @@
-"""The import rules of ARCHITECTURE.md, checked on the source."""
+"""The import rules of ARCHITECTURE.md, checked on the source, under the one
+import name: ``radixcache.events`` and ``radixcache.transfer`` import nothing
+else of ours, ``radixcache.offload`` only those two, the tree none of them."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"radixcache", "offload", "transfer", "events"}
+LAYERS = ("events", "transfer", "offload")  # top-level folders, radixcache.<name>
+
+
+def module_name(path: Path) -> str:
+    """Installed module name of a source file (offload/x.py -> radixcache.offload.x)."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] in LAYERS:
+        parts.insert(0, "radixcache")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
 def imports(path: Path) -> set[str]:
+    """Absolute module names a file imports (relative imports resolved)."""
     tree = ast.parse(path.read_text())
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                found.add(".".join([*base, *([node.module] if node.module else [])]))
+            elif node.module:
+                found.add(node.module)
     return found
 
 
-def top(modules: set[str]) -> set[str]:
-    return {m.split(".")[0] for m in modules}
+def layer(module: str) -> str | None:
+    """Which of our layers a module belongs to: 'events', ..., 'engine', or None."""
+    parts = module.split(".")
+    if parts[0] != "radixcache":
+        return None
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    return "engine"
+
+
+def sources(folder: str) -> list[Path]:
+    return sorted(p for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_top_level_folders_are_linked_into_the_one_package() -> None:
+    for name in LAYERS:
+        link = ROOT / "radixcache" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
 
 
 @pytest.mark.parametrize(
@@ -31,27 +69,119 @@ def top(modules: set[str]) -> set[str]:
     [("events", set()), ("transfer", set()), ("offload", {"transfer", "events"})],
 )
 def test_lower_layers_import_nothing_above_them(package: str, allowed: set[str]) -> None:
-    for path in (ROOT / package).rglob("*.py"):
-        ours = top(imports(path)) & OURS - {package}
-        assert ours <= allowed, f"{path.relative_to(ROOT)} imports {sorted(ours - allowed)}"
+    for path in sources(package):
+        ours = {layer(m) for m in imports(path)} - {None, package}
+        assert ours <= allowed, f"{path.relative_to(ROOT)} imports {sorted(ours - allowed)}"  # type: ignore[type-var]
+
+
+def test_no_old_top_level_imports() -> None:
+    for folder in ("radixcache", *LAYERS, "tests", "examples"):
+        for path in sources(folder):
+            if path.is_relative_to(ROOT / "radixcache") and path.parts[len(ROOT.parts) + 1] in LAYERS:
+                continue  # the linked folders are checked under their own name
+            bad = {m for m in imports(path) if m.split(".")[0] in LAYERS}
+            assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)} (use radixcache.<layer>)"
 
 
 def test_only_events_talks_zmq_and_msgpack_only_offload_talks_lmdb() -> None:
-    for path in ROOT.glob("*/**/*.py"):
-        rel = path.relative_to(ROOT)
-        pkg = rel.parts[0]
-        if pkg not in OURS or rel.parts[:2] == ("radixcache", "bench"):
-            continue  # benchmarks run plain msgpack/ZMQ/file baselines on purpose
-        mods = top(imports(path))
-        if pkg != "events":
-            assert not mods & {"zmq", "msgpack"}, f"{path.relative_to(ROOT)} uses ZMQ/msgpack"
-        if pkg != "offload":
-            assert "lmdb" not in mods, f"{path.relative_to(ROOT)} uses LMDB"
-        if pkg != "transfer":
-            assert "cupy" not in mods, f"{path.relative_to(ROOT)} uses cupy"
+    for folder in ("radixcache", *LAYERS):
+        for path in sources(folder):
+            rel = path.relative_to(ROOT)
+            if rel.parts[0] == "radixcache" and rel.parts[1] in LAYERS:
+                continue  # seen through the top-level folder
+            if rel.parts[:3] == ("radixcache", "cli", "bench"):
+                continue  # benchmarks run plain msgpack/ZMQ/file baselines on purpose
+            mods = {m.split(".")[0] for m in imports(path)}
+            if folder != "events":
+                assert not mods & {"zmq", "msgpack"}, f"{rel} uses ZMQ/msgpack"
+            if folder != "offload":
+                assert "lmdb" not in mods, f"{rel} uses LMDB"
+                assert not mods & {"redis", "valkey", "glide"}, f"{rel} talks to a storage server"
+            if folder != "transfer":
+                assert "cupy" not in mods, f"{rel} uses cupy"
 
 
 def test_the_tree_knows_nothing_of_devices_storage_or_threads() -> None:
     for name in ("tree.py", "node.py", "eviction.py"):
-        mods = top(imports(ROOT / "radixcache" / name))
-        assert not mods & {"torch", "lmdb", "zmq", "msgpack", "cupy", "threading", "offload"}, name
+        mods = imports(ROOT / "radixcache" / name)
+        tops = {m.split(".")[0] for m in mods}
+        assert not tops & {"torch", "lmdb", "zmq", "msgpack", "cupy", "threading"}, name
+        assert not {layer(m) for m in mods} & {"offload", "transfer"}, name
+
+
+def test_nothing_below_the_engine_imports_the_apps() -> None:
+    for folder in ("radixcache", *LAYERS):
+        for path in sources(folder):
+            rel = path.relative_to(ROOT)
+            if rel.parts[:2] == ("radixcache", "cli"):
+                continue
+            apps = {m for m in imports(path) if m.startswith("radixcache.cli")}
+            assert not apps, f"{rel} imports the applications {sorted(apps)}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for folder in ("radixcache", *LAYERS):
+        for path in sources(folder):
+            rel = path.relative_to(ROOT)
+            if rel.parts[0] == "radixcache" and len(rel.parts) > 2 and rel.parts[1] in LAYERS:
+                continue
+            graph[module_name(path)] = {m for m in imports(path) if m.startswith("radixcache")}
+    return graph
+
+
+def test_no_import_circles() -> None:
+    """No two of our modules import each other, directly or through others
+    (package __init__ re-exports aside: a package importing its own modules)."""
+    graph = import_graph()
+    names = set(graph)
+
+    def resolve(m: str) -> str | None:
+        while m and m not in names:
+            m = m.rpartition(".")[0]
+        return m or None
+
+    edges = {
+        a: {b for b in (resolve(m) for m in deps) if b and b != a and not a.startswith(b + ".")
+            and not b.startswith(a + ".") and a != "radixcache"}
+        for a, deps in graph.items()
+    }
+    edges["radixcache"] = set()  # lazy re-exports only
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import circle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+
+
+@pytest.mark.parametrize(
+    ("module", "banned"),
+    [
+        ("radixcache.transfer", ("lmdb", "zmq", "msgpack", "redis", "radixcache.cache",
+                                 "radixcache.tree", "radixcache.offload", "radixcache.events")),
+        ("radixcache.events", ("lmdb", "torch", "redis", "radixcache.cache", "radixcache.tree",
+                               "radixcache.offload", "radixcache.transfer")),
+        ("radixcache", ("lmdb", "zmq", "torch", "radixcache.cache")),
+    ],
+)
+def test_importing_a_layer_loads_only_what_it_needs(module: str, banned: tuple[str, ...]) -> None:
+    code = (
+        f"import sys, {module};"
+        f"bad = sorted({{m for m in sys.modules for b in {banned!r} if m == b or m.startswith(b + '.')}});"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -6,12 +6,12 @@ talks to CUDA streams, CUDA events and cupy (always lazily, never at import).
 
 from __future__ import annotations
 
-from transfer.allocator import PageAllocator
-from transfer.convert import PagePairs, copy_device_to_host, copy_host_to_device
-from transfer.engine import CopyEngine, CopyRequest, CpuCopyEngine, Direction, make_copy_engine
-from transfer.host import HostKVBuffer
-from transfer.layout import DeviceKVBuffer, KVSpec
-from transfer.ticket import FutureTicket, Ticket
+from radixcache.transfer.allocator import PageAllocator
+from radixcache.transfer.convert import PagePairs, copy_device_to_host, copy_host_to_device
+from radixcache.transfer.engine import CopyEngine, CopyRequest, CpuCopyEngine, Direction, make_copy_engine
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import DeviceKVBuffer, KVSpec
+from radixcache.transfer.ticket import FutureTicket, Ticket
 
 __all__ = [
     "CopyEngine",

@@ -50,8 +50,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from transfer.host import HostKVBuffer
-from transfer.layout import DeviceKVBuffer
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import DeviceKVBuffer
 
 Ids = npt.NDArray[np.int64]
 

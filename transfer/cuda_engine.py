@@ -45,10 +45,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from transfer.convert import Ids, check_buffers
-from transfer.engine import Direction, check_device_to_host, check_host_to_device
-from transfer.host import HostKVBuffer
-from transfer.layout import DeviceKVBuffer
+from radixcache.transfer.convert import Ids, check_buffers
+from radixcache.transfer.contract import Direction, check_device_to_host, check_host_to_device
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import DeviceKVBuffer
 
 
 class CudaTicket:

@@ -12,8 +12,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from transfer.layout import KVSpec, _positive_int, available_bytes
-from transfer.pinned import allocate_pinned
+from radixcache.transfer.layout import KVSpec, _positive_int, available_bytes
+from radixcache.transfer.pinned import allocate_pinned
 
 
 class HostKVBuffer:

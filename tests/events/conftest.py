@@ -9,7 +9,7 @@ import pytest
 import zmq
 from events_testkit import BS, MakePublisher
 
-from events import (
+from radixcache.events import (
     EventSubscriber,
     IndexConfig,
     KvIndex,

@@ -9,7 +9,7 @@ from typing import Any
 
 import zmq
 
-from events import (
+from radixcache.events import (
     MEDIA,
     AllBlocksCleared,
     BlockRemoved,

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 from events_testkit import BS, stored
 
-from events import (
+from radixcache.events import (
     AllBlocksCleared,
     BatchEncoder,
     BlockRemoved,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from events_testkit import BS, chain, holdings, random_batches, reference, stored
 
-from events import (
+from radixcache.events import (
     MEDIA,
     AllBlocksCleared,
     BlockRemoved,

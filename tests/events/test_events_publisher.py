@@ -9,7 +9,7 @@ import pytest
 import zmq
 from events_testkit import BS, MakePublisher, replay, stored, sync_raw, wait_until
 
-from events import (
+from radixcache.events import (
     BindError,
     BlockRemoved,
     NullEventPublisher,

@@ -23,7 +23,7 @@ from events_testkit import (
     worker_of,
 )
 
-from events import (
+from radixcache.events import (
     AllBlocksCleared,
     BlockRemoved,
     EventSubscriber,
@@ -34,7 +34,7 @@ from events import (
     WorkerEndpoint,
     encode_batch,
 )
-from events.types import EventBatch
+from radixcache.events.types import EventBatch
 
 MakeSubscriber = Callable[..., EventSubscriber]
 

@@ -9,7 +9,7 @@ import msgpack
 import zmq
 from events_testkit import BS, PROBE_HASH, MakePublisher, replay, stored, sync_raw
 
-from events import AllBlocksCleared, BlockRemoved, BlockStored
+from radixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"]
 REQUIRED = {

@@ -12,11 +12,11 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from offload.lmdb_storage import LmdbStorage, StorageConfig
-from offload.storage import ModelFingerprint
-from transfer.host import HostKVBuffer
-from transfer.layout import KVSpec
-from transfer.ticket import Ticket
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.storage import ModelFingerprint
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import KVSpec
+from radixcache.transfer.ticket import Ticket
 
 # 2 layers x 2 heads x 16 dims x fp16 x 4 tokens: 1 KiB pages, 1088 B records.
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float16, page_size=4)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from offload.host import HostPool, HostPoolConfig
-from transfer.layout import KVSpec
+from radixcache.offload.host import HostPool, HostPoolConfig
+from radixcache.transfer.layout import KVSpec
 
 SPEC = KVSpec(num_layers=3, num_kv_heads=2, head_dim=8, dtype=torch.float16, page_size=4)
 PAGE = SPEC.page_bytes  # 2 * 3 * 4 * 2 * 8 * 2 = 768 B

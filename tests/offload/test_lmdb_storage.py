@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
-from offload.lmdb_storage import StorageConfig
-from offload.storage import ModelFingerprint, NullStorage, Storage, StorageStats
+from radixcache.offload.lmdb_storage import StorageConfig
+from radixcache.offload.storage import ModelFingerprint, NullStorage, Storage, StorageStats
 
 if TYPE_CHECKING:
     from conftest import StoreKit
@@ -217,10 +217,10 @@ def test_warm_restart_keeps_pages_and_write_order(kit: StoreKit) -> None:
 _CHILD_READ = """
 import hashlib, json, sys
 import numpy as np, torch
-from offload.lmdb_storage import LmdbStorage, StorageConfig
-from offload.storage import ModelFingerprint
-from transfer.host import HostKVBuffer
-from transfer.layout import KVSpec
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.storage import ModelFingerprint
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import KVSpec
 spec = KVSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float16, page_size=4)
 keys = [bytes.fromhex(k) for k in json.loads(sys.argv[2])]
 store = LmdbStorage(StorageConfig(path=sys.argv[1]), spec,
@@ -278,8 +278,8 @@ def test_argument_errors_are_raised_at_once(kit: StoreKit) -> None:
         store.put(keys, kit.tokens(2), host, kit.ids(0, 1), "ns")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="16-byte"):
         store.delete([b"short"])
-    from transfer.host import HostKVBuffer
-    from transfer.layout import KVSpec
+    from radixcache.transfer.host import HostKVBuffer
+    from radixcache.transfer.layout import KVSpec
 
     other = HostKVBuffer(KVSpec(2, 2, 16, kit.spec.dtype, 8), 2)
     with pytest.raises(ValueError, match="host buffer spec"):

@@ -20,10 +20,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from offload import lmdb_record, lmdb_space, lmdb_writer
-from offload.lmdb_space import DISK_RESERVE_BYTES, disk_room
-from offload.lmdb_storage import LmdbStorage, StorageConfig
-from offload.storage import ModelFingerprint, StorageError, StorageOpenError
+from radixcache.offload import lmdb_record, lmdb_space, lmdb_writer
+from radixcache.offload.lmdb_space import DISK_RESERVE_BYTES, disk_room
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.storage import ModelFingerprint, StorageError, StorageOpenError
 
 if TYPE_CHECKING:
     from conftest import StoreKit
@@ -138,7 +138,7 @@ def test_a_store_of_another_fingerprint_never_hits(
 ) -> None:
     other = ModelFingerprint(other.model_id, kit.spec.describe(), other.tp_rank)
     keys, pages = _three_pages(kit)
-    with caplog.at_level(logging.WARNING, logger="offload.lmdb_storage"):
+    with caplog.at_level(logging.WARNING, logger="radixcache.offload.lmdb_storage"):
         foreign = kit.open(fingerprint=other)
     assert "last written for model=tiny-model" in caplog.text
     host = kit.host(8, seed=2)
@@ -270,10 +270,10 @@ def test_an_error_inside_a_transaction_commits_nothing_of_it(
 _CHILD_WRITE = """
 import collections, hashlib, sys
 import numpy as np, torch
-from offload.lmdb_storage import LmdbStorage, StorageConfig
-from offload.storage import ModelFingerprint
-from transfer.host import HostKVBuffer
-from transfer.layout import KVSpec
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.storage import ModelFingerprint
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import KVSpec
 spec = KVSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float16, page_size=4)
 store = LmdbStorage(StorageConfig(path=sys.argv[1], durability=sys.argv[2]), spec,
                     ModelFingerprint("tiny-model", spec.describe(), 0))

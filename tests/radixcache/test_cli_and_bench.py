@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from radixcache.bench.tree import mixed_replay, run
+from radixcache.cli.bench.tree import mixed_replay, run
 from radixcache.cli import main
 
 

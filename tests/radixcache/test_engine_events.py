@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from events import (
+from radixcache.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -24,8 +24,8 @@ from events import (
     WorkerEndpoint,
     ZmqEventPublisher,
 )
-from offload.host import HostPoolConfig
-from offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.host import HostPoolConfig
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache import CacheConfig, KVSpec, Namespace, OutOfPagesError, RadixCache
 from radixcache.hashing import block_hashes
 from radixcache.tiers import HostTiers, TierConfig

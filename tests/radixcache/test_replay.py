@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from radixcache.cli import main
-from radixcache.replay import (
+from radixcache.cli.replay import (
     ReplayConfig,
     TraceError,
     TraceRequest,

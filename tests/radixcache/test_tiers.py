@@ -15,7 +15,7 @@ from tests.radixcache.tierkit import (
     prefill,
     residency,
 )
-from transfer.engine import CpuCopyEngine
+from radixcache.transfer.engine import CpuCopyEngine
 
 
 def seq(start: int, n: int) -> np.ndarray:
@@ -185,8 +185,8 @@ def test_round_trip_device_host_lmdb_host_device(tmp_path: Path) -> None:
 
 
 def test_storage_under_another_model_never_hits(tmp_path: Path) -> None:
-    from offload.host import HostPoolConfig
-    from offload.lmdb_storage import StorageConfig
+    from radixcache.offload.host import HostPoolConfig
+    from radixcache.offload.lmdb_storage import StorageConfig
     from radixcache import CacheConfig, RadixCache
     from radixcache.tiers import TierConfig
     from tests.radixcache.tierkit import SPEC
@@ -266,7 +266,7 @@ def test_corrupt_record_is_a_miss_and_is_recomputed(tmp_path: Path, offset: int)
 
 
 def test_unwritable_storage_directory_fails_clearly(tmp_path: Path) -> None:
-    from offload.storage import StorageOpenError
+    from radixcache.offload.storage import StorageOpenError
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

@@ -11,9 +11,9 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from radixcache import Node, OutOfPagesError, Request
 from radixcache.tiers import HostTiers
 from tests.radixcache.tierkit import P, assert_kv_correct, compute, make_tiered
-from transfer import DeviceKVBuffer, FutureTicket
-from transfer.convert import PagePairs, copy_device_to_host, copy_host_to_device
-from transfer.host import HostKVBuffer
+from radixcache.transfer import DeviceKVBuffer, FutureTicket
+from radixcache.transfer.convert import PagePairs, copy_device_to_host, copy_host_to_device
+from radixcache.transfer.host import HostKVBuffer
 
 
 def path_tokens(node: Node) -> list[int]:
@@ -96,7 +96,7 @@ class TieredMachine(RuleBasedStateMachine):
         prefetch=st.sampled_from(["wait_complete", "best_effort"]),
     )
     def switch_policies(self, policy: str, prefetch: str) -> None:
-        from offload.policy import make_prefetch_policy, make_write_policy
+        from radixcache.offload.policy import make_prefetch_policy, make_write_policy
 
         self.tiers.write = (
             make_write_policy(policy, threshold=2)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from offload.host import HostPoolConfig
-from offload.lmdb_storage import StorageConfig
+from radixcache.offload.host import HostPoolConfig
+from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache import CacheConfig, KVSpec, Namespace, RadixCache, Request
 from radixcache.tiers import TierConfig
 

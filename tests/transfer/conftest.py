@@ -8,8 +8,8 @@ import pytest
 import torch
 from transfer_testkit import fill_random
 
-from transfer.host import HostKVBuffer
-from transfer.layout import DeviceKVBuffer, KVSpec
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import DeviceKVBuffer, KVSpec
 
 Buffers = tuple[DeviceKVBuffer, HostKVBuffer]
 MakeBuffers = Callable[..., Buffers]

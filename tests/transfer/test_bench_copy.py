@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 # Loaded from its file, so this test needs transfer/ only, not the radixcache package.
-_PATH = Path(__file__).resolve().parents[2] / "radixcache" / "bench" / "copy.py"
+_PATH = Path(__file__).resolve().parents[2] / "radixcache" / "cli" / "bench" / "copy.py"
 
 
 def main(argv: list[str]) -> Any:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transfer_testkit import as_bits, fill_random
 
-from transfer.convert import (
+from radixcache.transfer.convert import (
     PagePairs,
     PlanKind,
     copy_device_to_host,
@@ -21,8 +21,8 @@ from transfer.convert import (
     host_page_views,
     plan_copy,
 )
-from transfer.host import HostKVBuffer
-from transfer.layout import DeviceKVBuffer, KVSpec
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import DeviceKVBuffer, KVSpec
 
 MakeBuffers = Callable[..., tuple[DeviceKVBuffer, HostKVBuffer]]
 
@@ -234,9 +234,9 @@ def test_large_pages_are_gathered_page_by_page_bit_exact() -> None:
     """Pages of >= LOOP_MIN_PAGE_BYTES per view take the per-page copy path."""
     import torch as _torch
 
-    from transfer import DeviceKVBuffer, KVSpec
-    from transfer.convert import LOOP_MIN_PAGE_BYTES, PagePairs, copy_device_to_host, copy_host_to_device
-    from transfer.host import HostKVBuffer
+    from radixcache.transfer import DeviceKVBuffer, KVSpec
+    from radixcache.transfer.convert import LOOP_MIN_PAGE_BYTES, PagePairs, copy_device_to_host, copy_host_to_device
+    from radixcache.transfer.host import HostKVBuffer
 
     spec = KVSpec(num_layers=2, num_kv_heads=8, head_dim=512, dtype=_torch.float16, page_size=16)
     assert spec.page_bytes // 2 >= LOOP_MIN_PAGE_BYTES

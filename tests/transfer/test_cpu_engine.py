@@ -11,16 +11,16 @@ import pytest
 import torch
 from transfer_testkit import as_bits, fill_random
 
-from transfer.engine import (
+from radixcache.transfer.engine import (
     CopyEngine,
     CopyRequest,
     CpuCopyEngine,
     Direction,
     make_copy_engine,
 )
-from transfer.host import HostKVBuffer
-from transfer.layout import DeviceKVBuffer, KVSpec
-from transfer.ticket import Ticket
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import DeviceKVBuffer, KVSpec
+from radixcache.transfer.ticket import Ticket
 
 MakeBuffers = Callable[..., tuple[DeviceKVBuffer, HostKVBuffer]]
 WAIT = 5.0  # seconds; a healthy engine needs milliseconds

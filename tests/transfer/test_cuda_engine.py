@@ -10,17 +10,17 @@ import pytest
 import torch
 from transfer_testkit import as_bits, fill_random
 
-from transfer.cuda_engine import (
+from radixcache.transfer.cuda_engine import (
     CudaCopyEngine,
     CudaTicket,
     Step,
     _CrossOrder,
     plan_steps,
 )
-from transfer.engine import Direction, make_copy_engine
-from transfer.host import HostKVBuffer
-from transfer.layout import DeviceKVBuffer, KVSpec
-from transfer.ticket import Ticket
+from radixcache.transfer.engine import Direction, make_copy_engine
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import DeviceKVBuffer, KVSpec
+from radixcache.transfer.ticket import Ticket
 
 SPEC = KVSpec(num_layers=4, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16, page_size=16)
 SPIN = 200_000_000  # GPU cycles of torch.cuda._sleep: ~0.1 s, far longer than a submit

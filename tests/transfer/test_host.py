@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transfer.host import HostKVBuffer
-from transfer.layout import KVSpec
-from transfer.pinned import CUPY, HOST_REGISTER, allocate_pinned
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import KVSpec
+from radixcache.transfer.pinned import CUPY, HOST_REGISTER, allocate_pinned
 
 # 3 layers * 2 * 4 tokens * 3 heads * 5 dim * 2 B = 720 B per page: no power of two
 ODD = KVSpec(num_layers=3, num_kv_heads=3, head_dim=5, dtype=torch.float16, page_size=4)
@@ -77,7 +77,7 @@ def test_pinned_buffer_is_exact_and_page_locked() -> None:
 
 @pytest.mark.gpu
 def test_host_register_fallback_is_exact_and_page_locked() -> None:
-    from transfer.pinned import _with_host_register
+    from radixcache.transfer.pinned import _with_host_register
 
     block = _with_host_register(720_720)
     assert block.backend == HOST_REGISTER

@@ -1,6 +1,6 @@
 """The ``radixcache replay`` command's front end: the text report, the
 progress bar, JSON output, capacity sweeps and their CSV, JSON and PNG
-(``radixcache.replay`` does the replaying).
+(``radixcache.cli.replay`` does the replaying).
 
 A sweep replays the same trace once per capacity of one tier (the others
 fixed, or the host pool scaled with the device pool by ``--host-ratio``)::
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import IO
 
-from radixcache.replay import ReplayConfig, ReplayResult, load_trace, replay
+from radixcache.cli.replay import ReplayConfig, ReplayResult, load_trace, replay
 
 TIERS = ("device", "host", "storage")
 PLOT_HINT = "the sweep plot needs matplotlib: pip install 'radixcache[plot]' (or pass --no-plot)"

@@ -1,4 +1,4 @@
-"""Event stream benchmark: ``python -m radixcache.bench events [--quick]``.
+"""Event stream benchmark: ``python -m radixcache.cli.bench events [--quick]``.
 
 Prints one JSON object. Stores come as 16-page ``BlockStored`` events (random
 63-bit hashes, token ids below a 128k vocabulary), ``--events-per-batch`` of
@@ -46,7 +46,7 @@ if __name__ in ("__main__", "__mp_main__"):
 import msgpack
 import zmq
 
-from events import (
+from radixcache.events import (
     GPU,
     BatchEncoder,
     BlockRemoved,
@@ -325,7 +325,7 @@ def run(quick: bool, batch_sizes: list[int], repeat: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixcache.bench events", description=__doc__)
+    parser = argparse.ArgumentParser(prog="radixcache.cli.bench events", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     parser.add_argument("--events-per-batch", default="8,32", help="comma-separated sizes to measure")
     parser.add_argument("--repeat", type=int, default=3, help="end-to-end runs per size; the best is reported")

@@ -20,7 +20,7 @@ compares the fastest rounds (on a shared machine interference only adds time).
 Targets (docs: "Figures that count as fast"): LMDB writes >= 50% of the
 fsync'd sequential write rate; reads of cached pages >= 2 GB/s into host pages.
 
-    python -m radixcache.bench storage [--quick] [--total-mib 64] [--repeat 3]
+    python -m radixcache.cli.bench storage [--quick] [--total-mib 64] [--repeat 3]
                                        [--specs small,realistic] [--dir PARENT]
 
 About seven seconds with the defaults on a 2-core machine; ``--quick`` about three.
@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from offload.lmdb_storage import LmdbStorage, StorageConfig
-from offload.storage import ModelFingerprint
-from transfer.host import HostKVBuffer
-from transfer.layout import KVSpec
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.storage import ModelFingerprint
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import KVSpec
 
 SPECS = {
     # 4 layers x 8 KV heads x 128 dims x fp16 x 16 tokens: 256 KiB pages

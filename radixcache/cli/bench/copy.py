@@ -9,7 +9,7 @@ interleaved in the same run, and reports the ratios (target: >= 0.5). With
 CUDA it also times the CUDA engine's device-to-host and host-to-device copies
 against plain pinned copies of the same bytes (target: >= 0.8).
 
-    python -m radixcache.bench copy [--quick] [--pages 64] [--repeat 7] ...
+    python -m radixcache.cli.bench copy [--quick] [--pages 64] [--repeat 7] ...
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from transfer.allocator import PageAllocator
-from transfer.engine import CopyEngine, CpuCopyEngine
-from transfer.host import HostKVBuffer
-from transfer.layout import DeviceKVBuffer, KVSpec
+from radixcache.transfer.allocator import PageAllocator
+from radixcache.transfer.engine import CopyEngine, CpuCopyEngine
+from radixcache.transfer.host import HostKVBuffer
+from radixcache.transfer.layout import DeviceKVBuffer, KVSpec
 
 CPU_TARGET = 0.5
 CUDA_TARGET = 0.8
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="radixcache.bench.copy", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="radixcache.cli.bench.copy", description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -143,8 +143,8 @@ def _bench_cpu(
 def _bench_cuda(
     spec: KVSpec, args: argparse.Namespace, rng: np.random.Generator
 ) -> dict[str, object]:
-    from transfer.cuda_engine import CudaCopyEngine
-    from transfer.pinned import allocate_pinned
+    from radixcache.transfer.cuda_engine import CudaCopyEngine
+    from radixcache.transfer.pinned import allocate_pinned
 
     n = args.pages
     dev = DeviceKVBuffer(spec, args.device_pages, "cuda")

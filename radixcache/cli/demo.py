@@ -23,15 +23,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from events import NullEventPublisher, PublisherConfig, ZmqEventPublisher
-from events.publisher import EventPublisher
-from offload.host import HostPoolConfig
-from offload.lmdb_storage import StorageConfig
+from radixcache.events import NullEventPublisher, PublisherConfig, ZmqEventPublisher
+from radixcache.events.publisher import EventPublisher
+from radixcache.offload.host import HostPoolConfig
+from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache.cache import CacheConfig, RadixCache
 from radixcache.namespace import Namespace
 from radixcache.request import Request
 from radixcache.tiers import TierConfig
-from transfer import KVSpec
+from radixcache.transfer import KVSpec
 
 VOCAB = 32000
 

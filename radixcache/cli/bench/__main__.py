@@ -1,4 +1,4 @@
-"""``python -m radixcache.bench {tree,copy,storage,events} [args]``."""
+"""``python -m radixcache.cli.bench {tree,copy,storage,events} [args]``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ BENCHMARKS = ("tree", "copy", "storage", "events")
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] not in BENCHMARKS:
-        print(f"usage: python -m radixcache.bench {{{','.join(BENCHMARKS)}}} [options]")
+        print(f"usage: python -m radixcache.cli.bench {{{','.join(BENCHMARKS)}}} [options]")
         return 2
-    module = importlib.import_module(f"radixcache.bench.{args[0]}")
+    module = importlib.import_module(f"radixcache.cli.bench.{args[0]}")
     code: int = module.main(args[1:])
     return code
 

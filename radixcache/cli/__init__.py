@@ -16,7 +16,7 @@ import torch
 
 from radixcache.cache import CacheConfig, RadixCache
 from radixcache.namespace import Namespace
-from transfer import KVSpec
+from radixcache.transfer import KVSpec
 
 
 def run_example(args: argparse.Namespace) -> int:
@@ -62,7 +62,7 @@ def run_example(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from radixcache.bench.__main__ import main as bench_main
+    from radixcache.cli.bench.__main__ import main as bench_main
 
     return bench_main([args.name, *args.rest])
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Modules with a ``register(subparsers)`` that adds one subcommand.
-COMMANDS: list[str] = ["radixcache.demo", "radixcache.replay"]
+COMMANDS: list[str] = ["radixcache.cli.demo", "radixcache.cli.replay_command"]
 
 
 if __name__ == "__main__":

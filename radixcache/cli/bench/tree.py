@@ -1,7 +1,7 @@
-"""Tree benchmark: ``python -m radixcache.bench tree [--quick]``.
+"""Tree benchmark: ``python -m radixcache.cli.bench tree [--quick]``.
 
 Prints one JSON object. Every figure of the real tree comes with the same
-figure for the naive baseline (``radixcache.bench.naive``) measured in the
+figure for the naive baseline (``radixcache.cli.bench.naive``) measured in the
 same run, and their ratio. Page size 16 throughout, tokens given as int32
 arrays.
 
@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from radixcache.bench.naive import NaiveCache, naive_page_hashes
+from radixcache.cli.bench.naive import NaiveCache, naive_page_hashes
 from radixcache.eviction import make_eviction_policy
 from radixcache.hashing import chain_keys
 from radixcache.namespace import DEFAULT_NAMESPACE as NS
 from radixcache.recorder import EventRecorder
 from radixcache.tree import RadixTree
-from transfer import PageAllocator
+from radixcache.transfer import PageAllocator
 
 P = 16
 SYSTEM = 1024
@@ -256,7 +256,7 @@ def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -
 def _events_overhead(seqs: list[np.ndarray], capacity: int) -> dict[str, Any]:
     """The replay without events, with recording only, and with recording and
     publishing over ZMQ on loopback, interleaved 3 times; medians."""
-    from events import PublisherConfig, ZmqEventPublisher
+    from radixcache.events import PublisherConfig, ZmqEventPublisher
 
     class Drain:
         def publish(self, events: list[Any]) -> None:
@@ -365,7 +365,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixcache.bench tree", description=__doc__)
+    parser = argparse.ArgumentParser(prog="radixcache.cli.bench tree", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     args = parser.parse_args(argv)
     json.dump(run(args.quick), sys.stdout, indent=2)

@@ -1,2 +1,0 @@
-"""Benchmarks, each printing one JSON object with ratios against a baseline
-measured in the same run: ``python -m radixcache.bench NAME [--quick]``."""
