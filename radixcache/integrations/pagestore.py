@@ -44,6 +44,8 @@ from radixcache.transfer.ticket import Ticket
 
 BACKENDS = ("lmdb",)  # storage backends a PageStore can open
 
+Slots = Sequence[int] | npt.NDArray[np.integer[Any]]  # chunk index per key
+
 
 class RawPages:
     """A caller-owned buffer of ``num_pages`` chunks of ``page_bytes`` bytes each,
@@ -85,7 +87,7 @@ class RawPages:
         if not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
         memory = (ctypes.c_uint8 * nbytes).from_address(address)
-        return cls(np.frombuffer(memory, dtype=np.uint8), page_bytes)
+        return cls(np.frombuffer(memoryview(memory).cast("B"), dtype=np.uint8), page_bytes)
 
     @property
     def page_bytes(self) -> int:
@@ -207,7 +209,7 @@ class PageStore:
         return self.leading([key]) == 1
 
     # -- page traffic (non-blocking) ---------------------------------------------
-    def put(self, keys: Sequence[bytes], pages: RawPages, slots: Sequence[int]) -> PageTicket:
+    def put(self, keys: Sequence[bytes], pages: RawPages, slots: Slots) -> PageTicket:
         """Store chunk ``slots[i]`` of ``pages`` as the page of ``keys[i]``.
 
         A key already stored is kept (not rewritten) and counts as stored.
@@ -218,7 +220,7 @@ class PageStore:
             ticket = self._storage.put(checked, None, pages, ids, self._namespace)
         return PageTicket(ticket, len(checked))
 
-    def get(self, keys: Sequence[bytes], pages: RawPages, slots: Sequence[int]) -> PageTicket:
+    def get(self, keys: Sequence[bytes], pages: RawPages, slots: Slots) -> PageTicket:
         """Read the page of ``keys[i]`` into chunk ``slots[i]`` of ``pages``.
 
         Reading stops at the first key that is missing or fails verification
@@ -267,7 +269,7 @@ class PageStore:
         with self._lock:
             self._storage.close()
 
-    def _slots(self, slots: Sequence[int], n: int, pages: RawPages) -> npt.NDArray[np.int32]:
+    def _slots(self, slots: Slots, n: int, pages: RawPages) -> npt.NDArray[np.int32]:
         if not isinstance(pages, RawPages):
             raise TypeError(f"pages must be RawPages, got {type(pages).__name__}")
         if pages.page_bytes != self.page_bytes:
