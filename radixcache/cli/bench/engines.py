@@ -97,7 +97,7 @@ def bench_vllm(root: Path, n: int, repeat: int, job_chunks: int) -> dict[str, An
     shift = (-buf.data_ptr()) % 4096
     chunks = buf[shift : shift + 2 * n * CHUNK_BYTES].view(2 * n, CHUNK_BYTES)
     chunks[:n] = torch.randint(0, 256, (n, CHUNK_BYTES), dtype=torch.uint8)
-    view = memoryview(chunks.numpy())
+    view = chunks.numpy().data  # memoryview [2n, CHUNK_BYTES]
     backends = {
         "radixcache_fast": {"type": "RadixcacheTier", "module_path": "radixcache.integrations.vllm",
                             "durability": "fast", "capacity_bytes": 4 * n * CHUNK_BYTES},
