@@ -182,12 +182,20 @@ def raw_spec(page_bytes: int) -> KVSpec:
 class PageStore:
     """Raw pages under engine keys, in one storage backend (see the module docstring)."""
 
-    def __init__(self, config: PageStoreConfig, namespace: bytes = b"") -> None:
+    def __init__(
+        self, config: PageStoreConfig, namespace: bytes = b"", storage: Storage | None = None
+    ) -> None:
+        """Opens the LMDB store ``config`` names, or takes over ``storage``: a
+        backend already opened with ``raw_spec(config.page_bytes)`` and
+        ``config.fingerprint()`` (e.g. a shared pool), which ``close`` closes."""
         self.config = config
         self.page_bytes = config.page_bytes
         self._namespace = b"raw:" + config.engine.encode() + b":" + namespace
         self._lock = threading.Lock()  # one submitter at a time (the backend's contract)
-        self._storage: Storage = LmdbStorage(
+        if storage is not None:
+            self._storage: Storage = storage
+            return
+        self._storage = LmdbStorage(
             StorageConfig(
                 path=config.path,
                 capacity_bytes=config.capacity_bytes,
