@@ -135,7 +135,6 @@ class HostTiers:
         self.config = config
         self.write = config.write()
         self.prefetch = config.prefetch()
-        self.storage = storage
         self.controller = OffloadController(
             make_copy_engine(kv, self.host.buffer), self.host, storage, kv.spec.page_bytes
         )
@@ -145,6 +144,11 @@ class HostTiers:
         self._deferred_stores: list[Node] = []  # backed up while being evicted
         self._epochs: dict[Namespace, int] = {}  # forgets per namespace
         self.counters = TierCounters()
+
+    @property
+    def storage(self) -> Storage:
+        """The storage tier (``NullStorage`` when disabled)."""
+        return self.controller.storage
 
     # ------------------------------------------------------------------ admission
     def on_admit(self, req: Request, match: MatchResult, tokens: PageIds) -> None:
@@ -341,9 +345,11 @@ class HostTiers:
 
     # ------------------------------------------------------------------ bulk
     def forget(self, namespace: Namespace) -> None:
-        """Jobs in flight for ``namespace`` land nowhere; its records leave storage."""
+        """Jobs in flight for ``namespace`` land nowhere; its records leave
+        storage before this returns (the owner waits for that one write, so no
+        later lookup finds them)."""
         self._epochs[namespace] = self._epochs.get(namespace, 0) + 1
-        self.storage.forget_namespace(namespace.digest())
+        self.storage.forget_namespace(namespace.digest()).wait()
 
     def settle_copies(self) -> bool:
         """Wait for the device<->host copies in flight (they pin device pages)
