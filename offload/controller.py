@@ -137,7 +137,7 @@ class OffloadController:
     ) -> Job:
         """Read stored pages of ``namespace`` into (already allocated) host
         pages; the result is how many leading pages arrived verified."""
-        ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages)
+        ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages, namespace)
         return self._add(Job(JobKind.FETCH, ticket, owner, host_pages, keys=keys))
 
     def _add(self, job: Job) -> Job:

@@ -262,3 +262,51 @@ def test_forget_namespace_of_a_non_namespace_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="namespace must be a Namespace, got str"):
         cache.forget_namespace("not-a-namespace")  # type: ignore[arg-type]
     cache.close()
+
+
+# ---------------------------------------------------------------- 2: wrong tenant
+def test_a_record_moved_under_another_tenants_key_is_refused(tmp_path: Path) -> None:
+    import lmdb
+
+    from radixcache.hashing import chain_keys, split_keys
+
+    store = tmp_path / "s"
+    tenant_a, tenant_b = Namespace(salt="tenant-a"), Namespace(salt="tenant-b")
+    first = make_tiered(storage=store)
+    prompt = seq(0, 2 * P + 1)
+    first.release(prefill(first, prompt, tenant_a))
+    first.close()
+    keys_a = split_keys(chain_keys(tenant_a.digest(), prompt[: 2 * P], P))
+    keys_b = split_keys(chain_keys(tenant_b.digest(), prompt[: 2 * P], P))
+    env = lmdb.open(str(store), max_dbs=4)
+    try:  # copy tenant A's records, byte for byte, under tenant B's keys
+        db = env.open_db(b"pages")
+        with env.begin(write=True, db=db) as txn:
+            for key_a, key_b in zip(keys_a, keys_b):
+                (rkey,) = [bytes(k) for k, _ in txn.cursor() if bytes(k).endswith(key_a)]
+                txn.put(rkey[: -len(key_a)] + key_b, bytes(txn.get(rkey)))
+    finally:
+        env.close()
+    # Restart 1: both keys are listed, the first read is refused (and deleted).
+    # Restart 2: tenant B's own page 0 (stored by restart 1) is served; the moved
+    # page 1, which that store left alone (a put skips keys already stored), is
+    # refused again.
+    for restart, served in ((1, 0), (2, 1)):
+        cache = make_tiered(storage=store)
+        req = cache.admit(prompt, tenant_b)
+        assert req.hit_storage == 2 * P  # looked up: the keys exist
+        cache.reserve(req, 1)  # read, verified, refused
+        assert req.ready and req.cached_len == served * P, restart
+        stats = cache.tiers.controller.storage.stats()  # type: ignore[attr-defined]
+        assert (stats.hits, stats.corrupt) == (served, 1), restart
+        assert_kv_correct(cache, req)
+        _finish_request(cache, req)
+        cache.release(req)
+        cache.tiers.drain()  # type: ignore[attr-defined]
+        cache.close()
+    check = make_tiered(storage=store)  # tenant A's own records are still served
+    own = check.admit(prompt, tenant_a)
+    check.reserve(own, 1)
+    assert own.cached_len == 8
+    assert_kv_correct(check, own)
+    check.close()
