@@ -172,13 +172,18 @@ class StoreJob(TierJob):
         keys: list[bytes],
         tokens: TokenArray,
         host: PageIds,
-        namespace: bytes,
+        epoch: int,
     ) -> None:
         super().__init__(rt)
         self.last = nodes[-1]
         self.pages = len(keys)
+        self.keys = keys
+        self.namespace = self.last.namespace
+        self.epoch = epoch  # the namespace's forget count at submission
         rt.index.hold(nodes)  # the host copies stay; the device copies stay evictable
-        self._submitted(rt.controller.store(keys, tokens, host, namespace, self))
+        self._submitted(
+            rt.controller.store(keys, tokens, host, self.namespace.digest(), self)
+        )
 
     def held(self) -> list[Node]:
         return self.rt.tree.pieces(self.last, self.pages)
@@ -187,6 +192,11 @@ class StoreJob(TierJob):
         rt = self.rt
         nodes = self.held()
         rt.index.release(nodes)
+        if not rt.may_land(self.namespace, self.epoch):
+            # Forgotten meanwhile; a backend that wrote this after the forget's
+            # deletion must not keep it: delete it before anyone looks it up.
+            rt.controller.storage.delete(self.keys).wait()
+            return
         if not ok or not rt.tree.is_attached(self.last):
             return
         committed = int(self.submitted.ticket.result())

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.lmdb_open import StorageOpening, open_lmdb_storage
+from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache.offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
-from radixcache.offload.storage import ModelFingerprint, NullStorage, Storage, StorageStats
+from radixcache.offload.storage import ModelFingerprint, NullStorage, StorageStats
 from radixcache.transfer import KVSpec
 
 
@@ -78,11 +79,13 @@ class TierStats:
     bytes_moved: dict[str, int]  # per direction
     bytes_per_second: dict[str, float]  # per direction, over job latency
     storage: StorageStats | None  # the storage backend's counters, None without one
+    storage_state: str  # "opened", "recovered" (damaged store moved aside) or "disabled"
 
 
-def open_storage(config: TierConfig, spec: KVSpec) -> Storage:
-    """The storage tier ``config`` asks for: LMDB, or ``NullStorage`` without one."""
+def open_storage(config: TierConfig, spec: KVSpec) -> StorageOpening:
+    """The storage tier ``config`` asks for: LMDB (recovered or disabled when
+    it cannot be opened, see offload/lmdb_open.py), or ``NullStorage``."""
     if config.storage is None:
-        return NullStorage()
+        return StorageOpening(NullStorage(), "disabled")
     fingerprint = ModelFingerprint(config.model_id, spec.describe(), config.tp_rank)
-    return LmdbStorage(config.storage, spec, fingerprint)
+    return open_lmdb_storage(config.storage, spec, fingerprint)

@@ -29,6 +29,7 @@ from radixcache.offload.controller import JobKind, OffloadController
 from radixcache.offload.storage import Storage
 from radixcache.hashing import split_keys, chain_keys
 from radixcache.request import Request
+from radixcache.offload.lmdb_open import StorageOpening
 from radixcache.tier_config import TierConfig, TierCounters, TierStats
 from radixcache.tree import RadixTree
 from radixcache.transfer import DeviceKVBuffer
@@ -124,7 +125,7 @@ class HostTiers:
         index: HostIndex,
         kv: DeviceKVBuffer,
         config: TierConfig,
-        storage: Storage,
+        storage: StorageOpening,
         allocate_device: AllocateDevice,
         free_device: Callable[[PageIds], None],
     ) -> None:
@@ -136,8 +137,9 @@ class HostTiers:
         self.write = config.write()
         self.prefetch = config.prefetch()
         self.controller = OffloadController(
-            make_copy_engine(kv, self.host.buffer), self.host, storage, kv.spec.page_bytes
+            make_copy_engine(kv, self.host.buffer), self.host, storage.storage, kv.spec.page_bytes
         )
+        self.storage_state = storage.state
         self._allocate_device = allocate_device
         self.free_device = free_device
         self.jobs: dict[TierJob, None] = {}  # live jobs, in submission order
@@ -266,7 +268,7 @@ class HostTiers:
         keys = split_keys(b"".join(self.tree.page_keys(n) for n in nodes))
         tokens = np.concatenate([n.key for n in nodes]).reshape(-1, self.page_size)
         host = np.concatenate([n.host for n in nodes if n.host is not None])
-        StoreJob(self, nodes, keys, tokens, host, nodes[-1].namespace.digest())
+        StoreJob(self, nodes, keys, tokens, host, self._epochs.get(nodes[-1].namespace, 0))
 
     # ------------------------------------------------------------------ host pool
     def _allocate_host(self, n: int) -> PageIds | None:
@@ -405,7 +407,8 @@ class HostTiers:
             pages_moved={k.value: v for k, v in t.pages.items()},
             bytes_moved={k.value: v for k, v in t.bytes.items()},
             bytes_per_second={k.value: t.bytes_per_second(k) for k in JobKind},
-            storage=self.storage.stats() if self.config.storage else None,
+            storage=None if self.storage_state == "disabled" else self.storage.stats(),
+            storage_state=self.storage_state,
         )
 
     def check_integrity(self) -> None:

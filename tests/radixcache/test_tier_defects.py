@@ -310,3 +310,39 @@ def test_a_record_moved_under_another_tenants_key_is_refused(tmp_path: Path) -> 
     assert own.cached_len == 8
     assert_kv_correct(check, own)
     check.close()
+
+
+# ---------------------------------------------------------------- 10: damaged store
+def test_a_damaged_store_is_moved_aside_and_a_fresh_one_opened(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import os
+
+    from radixcache.offload.storage import StorageOpenError
+
+    store = tmp_path / "s"
+    first = make_tiered(storage=store)
+    for i in range(5):
+        first.release(prefill(first, seq(100 * i, 9)))
+    first.close()
+    with open(store / "data.mdb", "r+b") as f:  # B-tree pages overwritten
+        f.seek(2 * 4096)
+        f.write(np.random.default_rng(0).bytes(4 * 4096))
+    with pytest.raises(StorageOpenError, match="MDB_CORRUPTED|MDB_PAGE_NOTFOUND"):
+        make_tiered(storage=store, on_open_error="strict")
+    caplog.clear()
+    cache = make_tiered(storage=store)  # comes up, on a fresh store
+    stats = cache.tier_stats()
+    assert stats is not None and stats.storage_state == "recovered"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "damaged" in warnings[0] and "fresh" in warnings[0]
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("s.damaged-")]
+    assert len(aside) == 1 and os.path.getsize(aside[0] / "data.mdb") > 0  # kept, not deleted
+    req = prefill(cache, seq(0, 9))  # the fresh store works
+    cache.release(req)
+    cache.drain()
+    assert residency(cache) == [(8, True, True, True)]
+    from radixcache.metrics import snapshot
+
+    assert snapshot(cache)["storage_state"] == 1.0
+    cache.close()

@@ -25,13 +25,17 @@ def make_tiered(
     prefetch: str = "wait_complete",
     storage: Path | None = None,
     threshold: int = 2,
+    on_open_error: str = "recover",
 ) -> RadixCache:
+    store = None
+    if storage is not None:
+        store = StorageConfig(path=storage, capacity_bytes=1 << 20, on_open_error=on_open_error)
     tiers = TierConfig(
         host=HostPoolConfig(pages=host_pages),
         write_policy=write_policy,
         write_threshold=threshold,
         prefetch_policy=prefetch,
-        storage=None if storage is None else StorageConfig(path=storage, capacity_bytes=1 << 20),
+        storage=store,
         model_id="test-model",
     )
     return RadixCache(CacheConfig(spec=SPEC, device_pages=device_pages, tiers=tiers))
