@@ -30,12 +30,14 @@ from radixcache.offload.storage import Storage
 from radixcache.hashing import split_keys, chain_keys
 from radixcache.request import Request
 from radixcache.offload.lmdb_open import StorageOpening
+from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.tier_config import TierConfig, TierCounters, TierStats
 from radixcache.tree import RadixTree
 from radixcache.transfer import DeviceKVBuffer
 from radixcache.transfer.engine import make_copy_engine
 
 log = logging.getLogger(__name__)
+_failures = RateLimitedLog(log)  # a failing tier fails every job: one line per interval
 
 AllocateDevice = Callable[[int], "PageIds | None"]
 
@@ -303,7 +305,7 @@ class HostTiers:
         for move in done:
             if not move.ok:
                 self.counters.failed_jobs += 1
-                log.warning("%s failed: %r", move.kind.value, move.ticket.error)
+                _failures.warning("%s failed: %r", move.kind.value, move.ticket.error)
             move.owner.finish(move.ok)
         self.index.recorder.removed_keys(removed, "DISK")
         return len(done)
