@@ -170,6 +170,11 @@ class Request:
         self.reserved_tokens = self.num_pages * page_size
         self.pending.append(job)
 
+    def found_below(self, host: int = 0, storage: int = 0) -> None:
+        """Prompt tokens found in host memory / storage at admission."""
+        self.hit_host += host
+        self.hit_storage += storage
+
     def loaded(self, job: PendingLoad) -> None:
         """``job``'s pages arrived."""
         self.pending.remove(job)

@@ -194,7 +194,7 @@ class HostTiers:
         req.take_loading(self.tree, job.last, dev, job, self.page_size)
         hit = job.pages * self.page_size
         self.counters.host_hit_tokens += hit
-        req.hit_host = hit
+        req.found_below(host=hit)
 
     def _start_fetch(self, req: Request, tokens: PageIds) -> None:
         p = self.page_size
@@ -221,7 +221,7 @@ class HostTiers:
         job = FetchJob(self, req, parent, tokens, start, keys[:n], host_pages, dev, epoch)
         req.take_loading(self.tree, None, dev, job, p)
         self.counters.storage_hit_tokens += n * p
-        req.hit_storage = n * p
+        req.found_below(storage=n * p)
 
     # ------------------------------------------------------------------ backups
     def on_insert(self, result: InsertResult) -> None:
