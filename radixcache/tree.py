@@ -431,13 +431,13 @@ class RadixTree:
         self.evictable_pages -= pages.size
         self._evictable.discard(node)
         parent.device_children -= 1
-        if not self.lower.resident(node):
-            for child in list(node.children.values()):
-                assert child.lock_ref == 0, "a locked node under a victim"
-                del node.children[child.key[: self.page_size].tobytes()]
-                for gone in self._subtree(child):
-                    self._discount(gone, [])
-            self.lower.discard(node)
+        if not self.lower.resident(node):  # (so it holds nothing below the device)
+            if node.children:
+                for child in list(node.children.values()):
+                    assert child.lock_ref == 0, "a locked node under a victim"
+                    del node.children[child.key[: self.page_size].tobytes()]
+                    for gone in self._subtree(child):
+                        self._discount(gone, [])
             self._unlink(node)
         self._update_candidate(parent)
         return pages
