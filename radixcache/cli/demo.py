@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from radixcache.cache import CacheConfig, RadixCache
-from radixcache.cli.demo_report import report_turn, store_size, summary
+from radixcache.cli.demo_report import Totals, report_turn, store_size, summary
 from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options, host_pool_config
 from radixcache.cli.kv_events_config import publisher_config
 from radixcache.cli.options import json_object, non_negative_int, positive_int, power_of_two
@@ -43,18 +42,6 @@ from radixcache.transfer import KVSpec
 
 VOCAB = 32000
 STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock"})  # what --fresh deletes
-
-
-@dataclass(slots=True)
-class Totals:
-    requests: int = 0
-    prompt_tokens: int = 0  # tokens of all prompts
-    computed_tokens: int = 0  # prefill tokens actually computed
-    device_hits: int = 0  # prompt tokens served from each tier
-    host_hits: int = 0
-    storage_hits: int = 0
-    checked_tokens: int = 0  # cached tokens whose KV was verified
-    seconds: float = 0.0
 
 
 def expected_kv(tokens: np.ndarray, positions: np.ndarray, layer: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
@@ -13,8 +13,19 @@ from rich.table import Table
 from radixcache.cache import RadixCache
 from radixcache.events.publisher import EventPublisher
 
-if TYPE_CHECKING:
-    from radixcache.cli.demo import Totals
+
+@dataclass(slots=True)
+class Totals:
+    """What the demo counted, in tokens, over the requests it served."""
+
+    requests: int = 0
+    prompt_tokens: int = 0  # tokens of all prompts
+    computed_tokens: int = 0  # prefill tokens actually computed
+    device_hits: int = 0  # prompt tokens served from each tier
+    host_hits: int = 0
+    storage_hits: int = 0
+    checked_tokens: int = 0  # cached tokens whose KV was verified
+    seconds: float = 0.0
 
 
 def _console() -> Console:
