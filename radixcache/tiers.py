@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from radixcache.events.types import DISK
-from radixcache.offload.controller import Job, JobKind, OffloadController
+from radixcache.offload.controller import Job, JobKind, LatencyHistogram, OffloadController
 from radixcache.offload.host import HostPool, HostPoolConfig
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
@@ -116,6 +116,7 @@ class TierStats:
     bytes_moved: dict[str, int]  # per direction
     bytes_per_second: dict[str, float]  # per direction, over job latency
     storage: StorageStats | None  # the storage backend's counters, None without one
+    job_latency: dict[str, LatencyHistogram] = field(default_factory=dict)  # per direction
 
 
 class Tiers(Protocol):
@@ -728,6 +729,7 @@ class HostTiers:
             bytes_moved={k.value: v for k, v in t.bytes.items()},
             bytes_per_second={k.value: t.bytes_per_second(k) for k in JobKind},
             storage=self.controller.storage.stats() if self.has_storage else None,
+            job_latency={k.value: h.copy() for k, h in t.latency.items()},
         )
 
     def check_integrity(self) -> None:
