@@ -114,7 +114,7 @@ def test_nothing_below_the_engine_imports_the_apps() -> None:
         for path in sources(folder):
             rel = path.relative_to(ROOT)
             if rel.parts[:2] == ("radixcache", "cli") or rel == Path("radixcache/__main__.py"):
-                continue  # the applications, and ``python -m radixcache`` that runs them
+                continue  # the apps themselves; ``python -m radixcache`` runs them
             apps = {m for m in imports(path) if m.startswith("radixcache.cli")}
             assert not apps, f"{rel} imports the applications {sorted(apps)}"
 

@@ -51,10 +51,10 @@ def expected_kv(tokens: np.ndarray, positions: np.ndarray, layer: int) -> torch.
 
 
 def settle(cache: RadixCache) -> None:
-    """Wait for every tier job in flight and apply it (the one place the demo
-    reaches into the tiers). Applying jobs at fixed points, not whenever a
-    thread happens to finish, makes the figures a function of the seed."""
-    cache.tiers.drain()
+    """Wait for every tier job in flight and apply it. Applying jobs at fixed
+    points, not whenever a thread happens to finish, makes the figures a
+    function of the seed."""
+    cache.drain()
 
 
 class Runner:
@@ -138,7 +138,9 @@ def build_cache(args: argparse.Namespace, spec: KVSpec, device: str) -> RadixCac
             host=host_pool_config(args),
             write_policy=args.write_policy,
             prefetch_policy=args.prefetch_policy,
-            storage=StorageConfig(path=args.storage_path, capacity_bytes=args.storage_mib << 20),
+            # strict: a folder that cannot be used is the user's to fix, not a tier to disable
+            storage=StorageConfig(path=args.storage_path, capacity_bytes=args.storage_mib << 20,
+                                  on_open_error="strict"),
             model_id="radixcache-demo",
         )
         return RadixCache(CacheConfig(spec=spec, device_pages=args.device_pages, device=device,

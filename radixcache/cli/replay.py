@@ -55,7 +55,7 @@ import numpy.typing as npt
 import torch
 
 from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_record import record_size
+from radixcache.offload.record import page_record_size
 from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache.offload.policy import make_prefetch_policy, make_write_policy
 from radixcache.cache import CacheConfig, RadixCache
@@ -233,13 +233,14 @@ class ReplayConfig:
             storage = None
             if self.storage_pages:
                 assert storage_dir is not None
-                cap = self.storage_pages * record_size(spec.page_size, spec.page_bytes)
+                cap = self.storage_pages * page_record_size(spec.page_size, spec.page_bytes)
                 # One writer transaction per job (max_batch_pages=1): batches then
                 # cannot depend on timing, nor can the records they evict. The map is
                 # sized well above what the records need (a full map would evict).
                 storage = StorageConfig(
                     path=storage_dir, capacity_bytes=cap, durability="fast", num_readers=1,
                     max_batch_pages=1, map_size_bytes=4 * cap + (256 << 20),
+                    on_open_error="strict",  # a folder that cannot be used: the user's to fix
                 )
             tiers = TierConfig(
                 host=HostPoolConfig(pages=self.host_pages), write_policy=self.write_policy,
