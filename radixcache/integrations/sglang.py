@@ -271,6 +271,9 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
 
 
 def _encode(keys: Sequence[str]) -> list[bytes]:
+    for i, key in enumerate(keys):
+        if not isinstance(key, str):
+            raise TypeError(f"key {i} must be a str (SGLang's page hash), got {type(key).__name__}")
     return [k.encode() for k in keys]
 
 
