@@ -133,7 +133,8 @@ class RadixcacheTier(SecondaryTierManager):
         """``path``: the store directory; ``capacity_bytes``: its bound (least
         recently used pages are evicted, and reported removed); ``model``:
         overrides the model name read from ``offloading_spec``;
-        ``enable_kv_events``: record store/remove events for ``take_events``."""
+        ``enable_kv_events``: record store/remove events for ``take_events`` (only
+        while the engine has KV cache events on)."""
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         chunk_bytes = self.block_size_bytes
         self._pages = RawPages(primary_kv_view, chunk_bytes)
@@ -152,7 +153,11 @@ class RadixcacheTier(SecondaryTierManager):
             )
         )
         self._jobs: dict[JobId, _Job] = {}
-        self._events: list[OffloadingEvent] | None = [] if enable_kv_events else None
+        # as vLLM's own tiers: no events unless the engine publishes KV events
+        engine_events = getattr(getattr(offloading_spec, "config", None),
+                                "enable_kv_cache_events", True)
+        record = enable_kv_events and engine_events is not False
+        self._events: list[OffloadingEvent] | None = [] if record else None
         if self._events is not None:
             survivors = self.store.stored_keys()
             if survivors:

@@ -52,12 +52,12 @@ CHUNK_FLOATS = 1024  # 4 KiB chunks
 CTX = ReqContext(req_id="req")
 
 
-def offloading_spec(model: str = "test-model", rank: int = 0) -> MagicMock:
+def offloading_spec(model: str = "test-model", rank: int = 0, events: bool = True) -> MagicMock:
     spec = MagicMock()
     spec.config = OffloadingConfig(
         groups=(),
         worker_kv_bytes_per_block=4 * CHUNK_FLOATS,
-        enable_kv_cache_events=True,
+        enable_kv_cache_events=events,
         extra_config={},
         engine_id="engine",
         model=OffloadingModelConfig(name=model, dtype="float32"),
@@ -304,3 +304,15 @@ def test_cascade_from_primary_then_promotion_after_restart(
         manager.on_request_finished(ctx)
     finally:
         manager.shutdown()
+
+
+def test_no_events_while_the_engine_publishes_none(tmp_path: Path, tensor: torch.Tensor) -> None:
+    tier = SecondaryTierFactory.create_secondary_tier(
+        tier_config(tmp_path / "s"), memoryview(tensor.numpy()), offloading_spec(events=False)
+    )
+    try:
+        tier.submit_store(job(1, [key(1)], [0]))
+        assert [r.success for r in drain(tier)] == [True]
+        assert list(tier.take_events()) == []
+    finally:
+        tier.shutdown()
