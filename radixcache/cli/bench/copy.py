@@ -208,7 +208,10 @@ def _bench_cuda(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except SystemExit as done:  # -h, or a usage error already reported on one line
+        return done.code if isinstance(done.code, int) else 2
     spec = KVSpec(
         num_layers=args.layers,
         num_kv_heads=args.kv_heads,
