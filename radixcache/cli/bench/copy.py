@@ -208,10 +208,7 @@ def _bench_cuda(
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = _parse(argv)
-    except SystemExit as done:  # -h, or a usage error already reported on one line
-        return done.code if isinstance(done.code, int) else 2
+    args = _parse(argv)
     spec = KVSpec(
         num_layers=args.layers,
         num_kv_heads=args.kv_heads,
