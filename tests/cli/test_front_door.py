@@ -30,7 +30,7 @@ class RunningDemo:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        args = [*SMALL_DEMO, "--turns", "1", "--chats", "100000", "--storage-path", str(folder),
+        args = [*SMALL_DEMO, "--turns", "1", "--chats", "20000", "--storage-path", str(folder),
                 "--events", "tcp://127.0.0.1:*"]
         self.proc = subprocess.Popen([sys.executable, "-m", "radixcache", "demo", *args],
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
