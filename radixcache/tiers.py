@@ -429,6 +429,7 @@ class HostTiers:
             bytes_per_second={k.value: t.bytes_per_second(k) for k in JobKind},
             storage=None if self.storage_state == "disabled" else self.storage.stats(),
             storage_state=self.storage_state,
+            job_latency={k.value: h.copy() for k, h in t.latency.items()},
         )
 
     def check_integrity(self) -> None:
