@@ -123,6 +123,11 @@ class TierJob(ABC):
     def wait(self, timeout: float | None = None) -> bool:
         return self.rt.controller.wait(self.submitted, timeout)
 
+    def before_forget(self, namespace: Namespace) -> None:
+        """``namespace``'s stored records are about to be deleted: a job
+        writing some of them must finish first (else they would outlive the
+        forget). Others do nothing: what they bring lands nowhere."""
+
     def done(self) -> bool:
         return self.submitted.ticket.done()
 
@@ -188,16 +193,17 @@ class StoreJob(TierJob):
     def held(self) -> list[Node]:
         return self.rt.tree.pieces(self.last, self.pages)
 
+    def before_forget(self, namespace: Namespace) -> None:
+        if namespace == self.namespace:
+            self.wait()
+
     def _land(self, ok: bool) -> None:
         rt = self.rt
         nodes = self.held()
         rt.index.release(nodes)
-        if not rt.may_land(self.namespace, self.epoch):
-            # Forgotten meanwhile; a backend that wrote this after the forget's
-            # deletion must not keep it: delete it before anyone looks it up.
-            rt.controller.storage.delete(self.keys).wait()
-            return
-        if not ok or not rt.tree.is_attached(self.last):
+        if not ok or not rt.may_land(self.namespace, self.epoch):
+            return  # (a forget waited for this write, then deleted what it wrote)
+        if not rt.tree.is_attached(self.last):
             return
         committed = int(self.submitted.ticket.result())
         for node in nodes:

@@ -366,9 +366,11 @@ class HostTiers:
     # ------------------------------------------------------------------ bulk
     def forget(self, namespace: Namespace) -> None:
         """Jobs in flight for ``namespace`` land nowhere; its records leave
-        storage before this returns (the owner waits for that one write, so no
-        later lookup finds them)."""
+        storage before this returns (stores of it in flight finish first, then
+        the owner waits for the deletion, so no later lookup finds them)."""
         self._epochs[namespace] = self._epochs.get(namespace, 0) + 1
+        for job in list(self.jobs):
+            job.before_forget(namespace)
         self.storage.forget_namespace(namespace.digest()).wait()
 
     def settle_copies(self) -> bool:

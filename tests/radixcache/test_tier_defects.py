@@ -373,3 +373,29 @@ def test_check_integrity_checks_every_nodes_holds_against_the_live_jobs(tmp_path
     assert node.holds == 0
     cache.check_integrity()
     cache.close()
+
+
+def test_a_store_in_flight_when_its_namespace_is_forgotten_leaves_no_record(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    cache = make_tiered(storage=tmp_path / "s")
+    gated = gate_storage(cache, gate_puts=True)
+    cache.release(prefill(cache, seq(0, 9), TENANT))
+    for move in cache.tiers.controller.jobs():  # type: ignore[attr-defined]
+        move.ticket.wait(10)  # the backup
+    cache.poll()  # its store starts and waits for the gate
+    assert cache.tiers.controller.in_flight == 1  # type: ignore[attr-defined]
+    threading.Timer(0.2, gated.gate.set).start()  # the write goes through later
+    cache.forget_namespace(TENANT)
+    for move in cache.tiers.controller.jobs():  # type: ignore[attr-defined]
+        assert move.ticket.wait(10)  # the write is done (not polled yet)
+    again = cache.admit(seq(0, 9), TENANT)  # looks storage up before any poll
+    assert again.cached_len == 0 and again.hit_storage == 0
+    cache.release(again)
+    cache.drain()
+    storage = cache.tiers.controller.storage  # type: ignore[attr-defined]
+    assert storage.stats().records == 0
+    cache.check_integrity()
+    cache.close()
