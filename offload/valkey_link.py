@@ -1,0 +1,219 @@
+"""The connection to the pool: one client (single server or cluster), its health, round trips.
+
+Every command this library sends goes through ``PoolLink.run``: one pipeline
+(no MULTI/EXEC), sent in one write and answered in one read, so one call is
+one round trip. A cluster client groups a pipeline's commands by node, writes
+to every node first and then reads every answer: still one round trip of
+wall time, however the keys spread over the nodes.
+
+Why the cluster client and not hash tags: a page key names one page of one
+prefix, and many prompts share their first pages. Hash-tagging a prompt's
+keys onto one node (e.g. by its first page) would put every prompt that
+starts with the same system prompt on the same node: the hottest prefixes
+would load one node. Untagged keys spread by their own hash; the price, one
+pipeline per node per call, is paid in parallel.
+
+Health: a connection error, a timeout or a refused login marks the pool down
+for ``retry_after_s``: calls in that window fail at once with
+``PoolUnavailable`` (no connection attempt, no wait), so a dead pool costs
+the engine nothing but misses. The first call after the window reconnects
+with a fresh client: a pool that returns is used again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from radixcache.offload.storage import StorageError
+from radixcache.offload.valkey_config import ValkeyConfig
+
+log = logging.getLogger(__name__)
+
+Client = Any  # redis.Redis or redis.cluster.RedisCluster (their pipelines share the calls used)
+Pipeline = Any  # a pipeline of either client
+T = TypeVar("T")
+
+# What counts as "the pool cannot be used now" (not a bad reply to one command).
+_DOWN_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,  # includes AuthenticationError
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ResponseError,  # e.g. NOAUTH, WRONGPASS outside a pipeline
+    redis.exceptions.RedisClusterException,
+    redis.exceptions.ClusterError,
+    OSError,
+)
+
+
+class PoolUnavailable(StorageError):
+    """The pool cannot be reached now: down, timing out, or refusing the credentials."""
+
+
+class PoolLink:
+    """A thread-safe handle on the pool. Any thread may call ``run``."""
+
+    def __init__(self, config: ValkeyConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._client: Client | None = None
+        self._down_until = 0.0  # monotonic time before which calls fail at once
+        self._last_error = ""  # why the pool is down (redacted)
+        self.round_trips = 0  # pipelines executed (one round trip each)
+        self.failures = 0  # calls that found the pool down or lost it
+        self.connects = 0  # clients created (the first, then reconnects)
+
+    # -- health ------------------------------------------------------------
+    def available(self) -> bool:
+        """False while the pool is marked down (see the module docstring)."""
+        return time.monotonic() >= self._down_until
+
+    @property
+    def last_error(self) -> str:
+        return self._last_error
+
+    def _mark_down(self, exc: BaseException) -> PoolUnavailable:
+        text = self._redact(f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            first = self._down_until <= time.monotonic()
+            self._down_until = time.monotonic() + self.config.retry_after_s
+            self._last_error = text
+            self.failures += 1
+            client, self._client = self._client, None
+        if first:
+            log.warning(
+                "pool %s unavailable (%s); misses for %.1f s, then reconnecting",
+                self.config.describe(),
+                text,
+                self.config.retry_after_s,
+            )
+        if client is not None:
+            _close(client)
+        return PoolUnavailable(f"pool {self.config.describe()} unavailable: {text}")
+
+    def _redact(self, text: str) -> str:
+        password = self.config.password
+        return text.replace(password, "***") if password else text
+
+    # -- calls ---------------------------------------------------------------
+    def run(self, build: Callable[[Pipeline], object]) -> list[Any]:
+        """Send the commands ``build`` queues on a pipeline; return their replies.
+
+        A reply that is an error (e.g. out of memory) comes back as an
+        exception object in the list. Raises ``PoolUnavailable`` when the pool
+        is down, cannot be reached, or times out (and marks it down).
+        """
+        if not self.available():
+            raise PoolUnavailable(
+                f"pool {self.config.describe()} unavailable: {self._last_error}"
+            )
+        try:
+            pipe = self.client().pipeline(transaction=False)
+            build(pipe)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+        except _DOWN_ERRORS as exc:
+            raise self._mark_down(exc) from None
+        self.round_trips += 1
+        for reply in replies:  # a connection lost mid-pipeline surfaces per command
+            if isinstance(reply, _DOWN_ERRORS) and not _is_command_error(reply):
+                raise self._mark_down(reply) from None
+        return replies
+
+    def direct(self, call: Callable[[Client], T]) -> T:
+        """``call(client)`` outside a pipeline (for commands a cluster pipeline
+        refuses, e.g. CONFIG GET); same errors as ``run``, and a reply error
+        is a ``StorageError``."""
+        if not self.available():
+            raise PoolUnavailable(
+                f"pool {self.config.describe()} unavailable: {self._last_error}"
+            )
+        try:
+            out = call(self.client())
+        except redis.exceptions.ResponseError as exc:
+            if _is_command_error(exc):
+                raise StorageError(
+                    f"pool {self.config.describe()}: {self._redact(str(exc))}"
+                ) from None
+            raise self._mark_down(exc) from None
+        except _DOWN_ERRORS as exc:
+            raise self._mark_down(exc) from None
+        self.round_trips += 1
+        return out
+
+    def client(self) -> Client:
+        """The current client (created on first use and after the pool was down)."""
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect()
+                self.connects += 1
+            return self._client
+
+    def node_clients(self) -> list[redis.Redis]:
+        """One plain client per primary node (the server itself when not a cluster)."""
+        client = self.client()
+        if not isinstance(client, RedisCluster):
+            return [redis.Redis(**self._kwargs(), host=self.config.host, port=self.config.port)]
+        return [
+            redis.Redis(**self._kwargs(), host=node.host, port=node.port)
+            for node in client.get_primaries()
+        ]
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+            self._down_until = float("inf")
+            self._last_error = "closed"
+        if client is not None:
+            _close(client)
+
+    def _kwargs(self) -> dict[str, Any]:
+        cfg = self.config
+        kwargs: dict[str, Any] = {
+            "username": cfg.username,
+            "password": cfg.password,
+            "socket_timeout": cfg.socket_timeout_s,
+            "socket_connect_timeout": cfg.connect_timeout_s,
+            "retry": Retry(NoBackoff(), 0),  # this class retries, after retry_after_s
+            "health_check_interval": 0,
+        }
+        if cfg.tls:
+            kwargs.update(
+                ssl=True,
+                ssl_ca_certs=cfg.tls_ca_file,
+                ssl_certfile=cfg.tls_cert_file,
+                ssl_keyfile=cfg.tls_key_file,
+            )
+        return kwargs
+
+    def _connect(self) -> Client:
+        cfg = self.config
+        if cfg.cluster:
+            return RedisCluster(
+                host=cfg.host,
+                port=cfg.port,
+                require_full_coverage=True,
+                **self._kwargs(),
+            )
+        return redis.Redis(host=cfg.host, port=cfg.port, db=cfg.db, **self._kwargs())
+
+
+def _is_command_error(reply: BaseException) -> bool:
+    """A reply error about one command (out of memory, wrong type), not the link."""
+    if not isinstance(reply, redis.exceptions.ResponseError):
+        return False
+    text = str(reply).upper()
+    return not text.startswith(("NOAUTH", "WRONGPASS", "NOPERM", "LOADING", "CLUSTERDOWN"))
+
+
+def _close(client: Client) -> None:
+    try:
+        client.close()
+    except Exception:  # closing a broken client must not fail the caller
+        pass
