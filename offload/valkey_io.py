@@ -34,20 +34,19 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.offload import lmdb_record as rec
-from radixcache.offload.storage import Counters, HostPages, TokenPages
+from radixcache.offload import record as rec
+from radixcache.offload.storage import Counters, HostPages, PageBuffer, PutMeta, TokenPages
 from radixcache.offload.valkey_link import PoolLink, PoolUnavailable
 from radixcache.offload.valkey_removals import RemovalLog
-from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.ticket import FutureTicket
 
 log = logging.getLogger(__name__)
 
 
 # -- the record (the one place that knows its format) ---------------------------
-def record_bytes(key: bytes, num_tokens: int, kv_bytes: int) -> int:
-    """Bytes of the record of one page written under ``key``."""
-    return rec.record_size(num_tokens, kv_bytes)
+def record_bytes(key: bytes, num_tokens: int, kv_bytes: int, info: bytes) -> int:
+    """Bytes of the record of one page whose record (full) key is ``key``."""
+    return rec.record_size(len(key), len(info), num_tokens, kv_bytes)
 
 
 def encode_record(
@@ -55,11 +54,29 @@ def encode_record(
     *,
     key: bytes,
     ns_tag: bytes,
-    tokens: npt.NDArray[np.int32],
+    tokens: npt.NDArray[np.int32] | None,
     kv: npt.NDArray[np.uint8],
     seq: int,
+    meta: PutMeta | None,
+    index: int,
 ) -> None:
-    rec.encode_into(out, kv, tokens, seq, ns_tag)  # type: ignore[arg-type]
+    """Write the record of page ``index`` of a put (``meta`` gives its event ids)."""
+    rec.encode_into(
+        out,
+        key=key,
+        ns_tag=ns_tag,
+        tokens=tokens,
+        kv=kv,
+        seq=seq,
+        block_id=None if meta is None else int(meta.block_ids[index]),
+        parent_block_id=(
+            None
+            if meta is None
+            else meta.parent_block_id if index == 0 else int(meta.block_ids[index - 1])
+        ),
+        depth=0 if meta is None else meta.first_depth + index,
+        info=b"" if meta is None else meta.info,
+    )
 
 
 def verify_record(
@@ -67,10 +84,11 @@ def verify_record(
     *,
     key: bytes,
     ns_tag: bytes | None,
-    tokens: npt.NDArray[np.int32],
+    tokens: npt.NDArray[np.int32] | None,
     dst: npt.NDArray[np.uint8],
 ) -> bool:
-    return rec.read_into(value, tokens, dst)
+    """Verify a record read under ``key`` and copy its KV bytes into ``dst``."""
+    return rec.read_into(value, key=key, ns_tag=ns_tag, tokens=tokens, dst=dst)
 
 
 # -- jobs -------------------------------------------------------------------------
@@ -78,13 +96,15 @@ def verify_record(
 class PutJob:
     """Write host pages as the records of ``rkeys`` (keys already there are kept)."""
 
-    rkeys: list[bytes]  # pool keys (prefix + fingerprint digest + page key)
+    rkeys: list[bytes]  # pool keys (key prefix + record key)
+    fkeys: list[bytes]  # record keys (fingerprint digest + page key), stored in each record
     pkeys: list[bytes]  # the page keys (for the removal log)
-    tokens: TokenPages  # [n, P] token ids, a private copy
-    host: HostKVBuffer  # the caller's host pool (read on the writer thread)
-    host_pages: HostPages  # [n] host page ids holding the pages
+    tokens: TokenPages | None  # [n, P] token ids, a private copy; None: raw pages
+    host: PageBuffer  # the caller's pages (read on the writer thread)
+    host_pages: HostPages  # [n] page ids in ``host`` holding the pages
     ns_key: bytes  # the namespace index set
     ns_tag: bytes  # the namespace tag in each record
+    meta: PutMeta | None  # event ids, parent, depth, info
     ticket: FutureTicket  # finished with the leading keys stored
 
 
@@ -177,7 +197,7 @@ class PoolWriter:
         try:
             for start in range(0, len(job.rkeys), self._batch):
                 keys = job.rkeys[start : start + self._batch]
-                values = self._encode(job, start, keys, host_bytes)
+                values = self._encode(job, start, len(keys), host_bytes)
                 replies = self._link.run(lambda pipe: self._queue_puts(pipe, job.ns_key, keys, values))
                 ok = True
                 for reply in replies[1:]:
@@ -199,24 +219,29 @@ class PoolWriter:
         self._removals.end_put(job.pkeys, job.pkeys[:stored])
 
     def _encode(
-        self, job: PutJob, start: int, keys: list[bytes], host_bytes: npt.NDArray[np.uint8]
+        self, job: PutJob, start: int, count: int, host_bytes: npt.NDArray[np.uint8]
     ) -> list[memoryview]:
-        p, kv_bytes = job.tokens.shape[1], host_bytes.shape[1]
-        sizes = [record_bytes(key, p, kv_bytes) for key in keys]
+        t = 0 if job.tokens is None else job.tokens.shape[1]
+        info = b"" if job.meta is None else job.meta.info
+        fkeys = job.fkeys[start : start + count]
+        sizes = [record_bytes(key, t, host_bytes.shape[1], info) for key in fkeys]
         if len(self._staging) < sum(sizes):
             self._staging = bytearray(sum(sizes))
         view = memoryview(self._staging)
         values = []
         at = 0
-        for j, (key, size) in enumerate(zip(keys, sizes)):
+        for j, (key, size) in enumerate(zip(fkeys, sizes)):
+            i = start + j
             out = view[at : at + size]
             encode_record(
                 out,
                 key=key,
                 ns_tag=job.ns_tag,
-                tokens=job.tokens[start + j],
-                kv=host_bytes[job.host_pages[start + j]],
+                tokens=None if job.tokens is None else job.tokens[i],
+                kv=host_bytes[job.host_pages[i]],
                 seq=self._seq,
+                meta=job.meta,
+                index=i,
             )
             self._seq += 1
             values.append(out)
@@ -283,7 +308,9 @@ class PoolReader:
         writer: PoolWriter,
         batch_pages: int,
         num_readers: int,
+        key_cut: int,
     ) -> None:
+        self._cut = key_cut  # pool key[key_cut:] is the record key
         self._link = link
         self._counters = counters
         self._writer = writer  # deletes records that fail verification
@@ -295,8 +322,8 @@ class PoolReader:
         self,
         rkeys: list[bytes],
         pkeys: list[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
         ns_tag: bytes | None,
         ticket: FutureTicket,
@@ -310,8 +337,8 @@ class PoolReader:
         self,
         rkeys: list[bytes],
         pkeys: list[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
         ns_tag: bytes | None,
         ticket: FutureTicket,
@@ -336,7 +363,7 @@ class PoolReader:
     def _read_pages(
         self,
         rkeys: list[bytes],
-        tokens: TokenPages,
+        tokens: TokenPages | None,
         host_bytes: npt.NDArray[np.uint8],
         host_pages: HostPages,
         ns_tag: bytes | None,
@@ -355,8 +382,13 @@ class PoolReader:
                 i = start + j
                 if not isinstance(value, bytes):  # gone (evicted, expired) or an error reply
                     return i, None
-                dst = host_bytes[host_pages[i]]
-                if not verify_record(value, key=rkeys[i], ns_tag=ns_tag, tokens=tokens[i], dst=dst):
+                if not verify_record(
+                    value,
+                    key=rkeys[i][self._cut :],
+                    ns_tag=ns_tag,
+                    tokens=None if tokens is None else tokens[i],
+                    dst=host_bytes[host_pages[i]],
+                ):
                     return i, i
         return len(rkeys), None
 

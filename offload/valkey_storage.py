@@ -32,7 +32,6 @@ reconnects (offload/valkey_link.py).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -41,10 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radixcache.offload import record as rec
 from radixcache.offload.storage import (
+    MAX_KEY_BYTES,
     Counters,
     HostPages,
     ModelFingerprint,
+    PageBuffer,
+    PutMeta,
     StorageError,
     StorageStats,
     TokenPages,
@@ -57,14 +60,11 @@ from radixcache.offload.valkey_removals import (
     RemovalLog,
     notifications_cover_removals,
 )
-from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import FutureTicket, Ticket
 
 log = logging.getLogger(__name__)
 
-MAX_KEY_BYTES = 256  # page keys of serving engines (vLLM, SGLang) fit
-NS_TAG_BYTES = 16
 _SIZES_EVERY_S = 1.0  # refresh of the pool's record count and memory figures
 
 
@@ -125,6 +125,7 @@ class ValkeyStorage:
             writer=self._writer,
             batch_pages=config.batch_pages,
             num_readers=config.num_readers,
+            key_cut=len(config.key_prefix),
         )
         self._observer: KeyspaceObserver | None = None
         if config.observe_removals and flags is not None and notifications_cover_removals(flags):
@@ -185,7 +186,7 @@ class ValkeyStorage:
         """(namespace tag, its index key) for ``namespace``."""
         if not isinstance(namespace, bytes):
             raise TypeError(f"namespace must be bytes, got {type(namespace).__name__}")
-        tag = hashlib.blake2b(namespace, digest_size=NS_TAG_BYTES, key=self._digest).digest()
+        tag = rec.namespace_tag(self._digest, namespace)
         return tag, self.config.key_prefix + b"ns:" + tag
 
     # -- Storage protocol ----------------------------------------------------------
@@ -216,8 +217,8 @@ class ValkeyStorage:
     def get(
         self,
         keys: Sequence[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
         namespace: bytes | None = None,
     ) -> Ticket:
@@ -235,11 +236,11 @@ class ValkeyStorage:
     def put(
         self,
         keys: Sequence[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
         namespace: bytes,
-        meta: object | None = None,
+        meta: PutMeta | None = None,
     ) -> Ticket:
         self._check_open()
         ns_tag, ns_key = self._ns(namespace)
@@ -249,7 +250,13 @@ class ValkeyStorage:
         if not rkeys:
             ticket.finish(0)
             return ticket
-        self._writer.submit(PutJob(rkeys, list(keys), toks, host, pages, ns_key, ns_tag, ticket))
+        if meta is not None and len(meta.block_ids) != len(rkeys):
+            raise ValueError(f"meta has {len(meta.block_ids)} block ids for {len(rkeys)} keys")
+        cut = len(self.config.key_prefix)
+        fkeys = [k[cut:] for k in rkeys]
+        self._writer.submit(
+            PutJob(rkeys, fkeys, list(keys), toks, host, pages, ns_key, ns_tag, meta, ticket)
+        )
         return ticket
 
     def delete(self, keys: Sequence[bytes]) -> Ticket:
@@ -267,7 +274,7 @@ class ValkeyStorage:
     def take_removed(self) -> list[bytes]:
         return self._removals.take()
 
-    def scan(self, limit: int | None = None) -> Iterator[object]:
+    def scan(self) -> Iterator[rec.RecordMeta]:
         """Nothing: the pool's records belong to every engine that uses it, so an
         engine announces only the pages it wrote (as it writes them)."""
         return iter(())
@@ -339,20 +346,15 @@ class ValkeyStorage:
             raise RuntimeError(f"storage {self.config.describe()} is closed")
 
     def _checked(
-        self, n: int, tokens: TokenPages, host: HostKVBuffer, host_pages: HostPages
-    ) -> tuple[TokenPages, HostPages]:
-        """Validate a get/put call; returns private copies of tokens and host pages."""
-        if host.spec != self.spec:
+        self, n: int, tokens: TokenPages | None, host: PageBuffer, host_pages: HostPages
+    ) -> tuple[TokenPages | None, HostPages]:
+        """Validate a get/put call; returns private copies of tokens and page ids."""
+        if host.page_bytes != self.spec.page_bytes:
             raise ValueError(
-                f"host buffer spec {host.spec.describe()} != storage spec {self.spec.describe()}"
+                f"the page buffer has pages of {host.page_bytes} B; pool pages "
+                f"({self.spec.describe()}) are {self.spec.page_bytes} B"
             )
-        p = self.spec.page_size
-        toks = np.asarray(tokens)
         pages = np.asarray(host_pages)
-        if toks.shape != (n, p) or toks.dtype.kind not in "iu":
-            raise ValueError(
-                f"tokens must be an int array of shape ({n}, {p}), got {toks.dtype} {toks.shape}"
-            )
         if pages.shape != (n,) or pages.dtype.kind not in "iu":
             raise ValueError(
                 f"host_pages must be an int array of shape ({n},), got {pages.dtype} {pages.shape}"
@@ -361,6 +363,14 @@ class ValkeyStorage:
             raise ValueError(
                 f"host page ids must lie in [0, {host.num_pages}): "
                 f"min {pages.min()}, max {pages.max()}"
+            )
+        if tokens is None:
+            return None, pages.astype(np.int32)
+        p = self.spec.page_size
+        toks = np.asarray(tokens)
+        if toks.shape != (n, p) or toks.dtype.kind not in "iu":
+            raise ValueError(
+                f"tokens must be an int array of shape ({n}, {p}), got {toks.dtype} {toks.shape}"
             )
         if n and (int(toks.min()) < -(2**31) or int(toks.max()) >= 2**31):
             raise ValueError("token ids must fit in int32")

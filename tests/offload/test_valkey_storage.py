@@ -102,7 +102,9 @@ def test_delete_and_forget_namespace_report_removals_in_order(pool_kit: PoolKit)
     assert pool_kit.done(pool.forget_namespace(b"tenant-b")) == 0
     assert pool.longest_prefix(keys[1:3]) == 2
     assert pool.longest_prefix(keys[3:]) == 0
-    assert pool.take_removed() == [keys[0], *sorted(keys[3:])]
+    removed = pool.take_removed()
+    # keys[0] went first; within one forget, a cluster's nodes report in their own order
+    assert removed[0] == keys[0] and sorted(removed[1:]) == sorted(keys[3:]), removed
     assert pool.take_removed() == []
     assert pool.stats().deleted == 4
 
