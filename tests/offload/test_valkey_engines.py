@@ -1,0 +1,120 @@
+"""Two engine processes share one Valkey pool: a prompt prefilled on A is served on B.
+
+Each engine is its own process with its own device and host pools, built
+through the public ``RadixCache`` API; the only thing they share is the pool.
+A prefills a prompt and writes it through host to the pool; B, started after
+A exited, admits the same prompt: the pages come from the pool (a storage
+hit), are loaded into B's device pages and hold exactly the KV A computed.
+
+Run as a script, this file is one engine (``a`` or ``b``); the test starts
+both. Until the tiers take a storage URL (``TierConfig(storage="valkey://...")``),
+the engine's storage slot is opened through ``open_storage`` by replacing the
+tiers' LMDB constructor in that engine process (see ``make_engine``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+if TYPE_CHECKING:
+    from radixcache import RadixCache
+    from valkey_servers import ValkeyCluster, ValkeyServer
+
+
+def make_engine(url: str) -> RadixCache:
+    """A small tiered engine whose storage tier is the pool at ``url``."""
+    import radixcache.tiers as tiers_module
+    from radixcache import CacheConfig, RadixCache
+    from radixcache.offload.host import HostPoolConfig
+    from radixcache.offload.lmdb_storage import StorageConfig
+    from radixcache.offload.storage_url import open_storage
+    from radixcache.tiers import TierConfig
+    from tests.radixcache.tierkit import SPEC
+
+    fields: dict[str, Any] = {
+        "host": HostPoolConfig(pages=16),
+        "write_policy": "write_through",
+        "prefetch_policy": "wait_complete",
+        "model_id": "shared-model",
+    }
+    try:
+        tiers = TierConfig(storage=url, **fields)  # type: ignore[arg-type]
+    except TypeError:  # the tiers take only an LMDB config yet: open the pool in its place
+        tiers_module.LmdbStorage = lambda _config, spec, fingerprint: open_storage(  # type: ignore[assignment,misc]
+            url, spec, fingerprint
+        )
+        tiers = TierConfig(storage=StorageConfig(path=tempfile.mkdtemp()), **fields)
+    return RadixCache(CacheConfig(spec=SPEC, device_pages=8, tiers=tiers))
+
+
+def run_engine(role: str, url: str) -> dict[str, Any]:
+    """Engine ``a`` prefills and stores; engine ``b`` is served from the pool."""
+    import numpy as np
+
+    from tests.radixcache.tierkit import P, assert_kv_correct, prefill
+
+    prompt = np.arange(1000, 1000 + 4 * P + 1, dtype=np.int32)
+    cache = make_engine(url)
+    tiers = cache.tiers  # type: ignore[attr-defined]
+    try:
+        if role == "a":
+            cache.release(prefill(cache, prompt))
+            tiers.drain()
+            stats = tiers.controller.storage.stats()
+            return {"puts": stats.puts, "hit_tokens": tiers.counters.storage_hit_tokens}
+        req = cache.admit(prompt)
+        cached = req.cached_len
+        cache.reserve(req, 1)
+        assert req.ready
+        assert_kv_correct(cache, req)  # bit-exact: every position holds its prefix's KV
+        cache.check_integrity()
+        stats = tiers.controller.storage.stats()
+        return {
+            "cached": cached,
+            "hit_tokens": tiers.counters.storage_hit_tokens,
+            "hits": stats.hits,
+            "puts": stats.puts,
+        }
+    finally:
+        cache.close()
+
+
+def _spawn(role: str, url: str) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, __file__, role, url],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _servers(kind: str, valkey_server: ValkeyServer, valkey_cluster: ValkeyCluster) -> str:
+    servers = valkey_server if kind == "single" else valkey_cluster
+    servers.flush()
+    return servers.url
+
+
+def test_a_prompt_prefilled_on_engine_a_is_served_on_engine_b(
+    valkey_server: ValkeyServer, valkey_cluster: ValkeyCluster
+) -> None:
+    for kind in ("single", "cluster"):
+        url = _servers(kind, valkey_server, valkey_cluster)
+        a = _spawn("a", url)
+        assert a == {"puts": 4, "hit_tokens": 0}, (kind, a)
+        b = _spawn("b", url)
+        assert b == {"cached": 16, "hit_tokens": 16, "hits": 4, "puts": 0}, (kind, b)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    print(json.dumps(run_engine(sys.argv[1], sys.argv[2])))
