@@ -147,6 +147,49 @@ class PoolLink:
         self.round_trips += 1
         return out
 
+    def scatter(
+        self, keys: list[bytes], command: Callable[[list[bytes]], tuple[object, ...]]
+    ) -> list[tuple[list[int], Any]]:
+        """Send ``command(keys served by a node)`` to every node holding some of
+        ``keys``, all at once, then read every reply: one round trip of wall
+        time. Returns ``(positions in keys, reply)`` per node. A reply error
+        raises ``StorageError`` (e.g. scripts refused); a lost or slow link
+        raises ``PoolUnavailable`` (and marks the pool down)."""
+        if not self.available():
+            raise PoolUnavailable(
+                f"pool {self.config.describe()} unavailable: {self._last_error}"
+            )
+        sent: list[tuple[Any, Any, list[int]]] = []  # (node client, connection, positions)
+        ok = False
+        try:
+            client = self.client()
+            groups: dict[str, tuple[Any, list[int]]] = {}
+            if isinstance(client, RedisCluster):
+                for i, key in enumerate(keys):
+                    node = client.get_node_from_key(key)
+                    groups.setdefault(node.name, (node.redis_connection, []))[1].append(i)
+            else:
+                groups[""] = (client, list(range(len(keys))))
+            for node_client, positions in groups.values():
+                conn = node_client.connection_pool.get_connection()
+                sent.append((node_client, conn, positions))
+                conn.send_command(*command([keys[i] for i in positions]))
+            replies = [(positions, conn.read_response()) for _c, conn, positions in sent]
+            ok = True
+        except redis.exceptions.ResponseError as exc:
+            if _is_command_error(exc):
+                raise StorageError(f"pool {self.config.describe()}: {self._redact(str(exc))}") from None
+            raise self._mark_down(exc) from None
+        except _DOWN_ERRORS as exc:
+            raise self._mark_down(exc) from None
+        finally:
+            for node_client, conn, _p in sent:
+                if not ok:
+                    conn.disconnect()  # replies may be left unread on it
+                node_client.connection_pool.release(conn)
+        self.round_trips += 1
+        return replies
+
     def client(self) -> Client:
         """The current client (created on first use and after the pool was down)."""
         with self._lock:
@@ -209,7 +252,7 @@ def _is_command_error(reply: BaseException) -> bool:
     if not isinstance(reply, redis.exceptions.ResponseError):
         return False
     text = str(reply).upper()
-    return not text.startswith(("NOAUTH", "WRONGPASS", "NOPERM", "LOADING", "CLUSTERDOWN"))
+    return not text.startswith(("NOAUTH", "WRONGPASS", "LOADING", "CLUSTERDOWN", "MOVED", "ASK"))
 
 
 def _close(client: Client) -> None:

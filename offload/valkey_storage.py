@@ -55,6 +55,7 @@ from radixcache.offload.storage import (
 from radixcache.offload.valkey_config import ValkeyConfig
 from radixcache.offload.valkey_io import DeleteJob, ForgetJob, PoolReader, PoolWriter, PutJob
 from radixcache.offload.valkey_link import PoolLink, PoolUnavailable
+from radixcache.offload.valkey_lookup import PrefixProbe
 from radixcache.offload.valkey_removals import (
     KeyspaceObserver,
     RemovalLog,
@@ -103,11 +104,11 @@ class ValkeyStorage:
         self._prefix = config.key_prefix + self._digest  # + page key = pool key
         self._counters = Counters()
         self._link = PoolLink(config)
+        self._probe = PrefixProbe(self._link)
         self._removals = RemovalLog()
         self._records = 0  # pool-wide figures, refreshed by the writer thread
         self._used_memory = 0
         self._sizes_at = 0.0
-        self._lookup_round_trips = 0
         self._lookup_unavailable = 0
         self._maxmemory, self._policy, flags = self._server_settings()
         self._writer = PoolWriter(
@@ -191,28 +192,16 @@ class ValkeyStorage:
 
     # -- Storage protocol ----------------------------------------------------------
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
-        """Leading ``keys`` in the pool: pipelined EXISTS, at most two round trips
-        (the first ``lookup_first_round`` keys, then the rest if all of those
-        were there). 0 while the pool is down."""
+        """Leading ``keys`` in the pool, in one round trip (at most two where
+        the server refuses scripts; offload/valkey_lookup.py); 0 while the
+        pool is down. Mutates nothing (the server's LRU clock aside)."""
         self._check_open()
         rkeys = self.pool_keys(keys)
-        first = self.config.lookup_first_round
-        found = 0
-        self._lookup_round_trips = 0
-        for part in (rkeys[:first], rkeys[first:]):
-            if not part:
-                break
-            try:
-                replies = self._link.run(lambda pipe: [pipe.exists(k) for k in part])
-            except PoolUnavailable:
-                self._lookup_unavailable += 1
-                return found
-            self._lookup_round_trips += 1
-            for reply in replies:
-                if reply != 1:
-                    return found
-                found += 1
-        return found
+        try:
+            return self._probe.leading(rkeys)
+        except PoolUnavailable:
+            self._lookup_unavailable += 1
+            return 0
 
     def get(
         self,
@@ -291,7 +280,7 @@ class ValkeyStorage:
         """The pool's own figures (see ``PoolStats``)."""
         return PoolStats(
             round_trips=self._link.round_trips,
-            lookup_round_trips=self._lookup_round_trips,
+            lookup_round_trips=self._probe.round_trips,
             unavailable=self._reader.unavailable
             + self._writer.unavailable
             + self._lookup_unavailable,
