@@ -1,17 +1,21 @@
 """The pool's read and write paths: reader threads and one writer thread.
 
     get  --> reader pool (num_readers):  per chunk of batch_pages keys, one
-                                         pipelined GET; verify each record and
+                                         pipelined GET (the next chunk's GET
+                                         runs meanwhile); verify each record and
                                          copy its KV into the host page; stop
                                          at the first miss or failed check
-    put / delete / forget  --> queue --> writer thread: per chunk, one
-                                         pipeline [SADD ns-index keys..., SET
-                                         key record NX EX ttl ...]
+    put / delete / forget  --> queue --> encoder thread --> sender thread:
+                                         per chunk, one pipeline [SADD ns-index
+                                         keys..., SET key record NX EX ttl ...]
 
 The records are the storage record (radixcache.offload.record): the same
 bytes as in LMDB, bound to the full key they were written under, verified on
 every read. ``encode_record`` and ``verify_record`` are the only two places
-that know the record format.
+that call the record format. A record is sent as its head (header, key,
+token ids) followed by the host page itself: the KV bytes are never copied on
+the way out; on the way in they are copied once, from the reply into the
+host page, and checksummed there.
 
 A put's index entries go first in its pipeline, so a connection lost half way
 leaves at most index entries without records (harmless: ``forget_namespace``
@@ -28,29 +32,27 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from radixcache.offload import record as rec
 from radixcache.offload.storage import Counters, HostPages, PageBuffer, PutMeta, TokenPages
-from radixcache.offload.valkey_link import PoolLink, PoolUnavailable
+from radixcache.offload.valkey_link import PoolLink, PoolUnavailable, Scattered
 from radixcache.offload.valkey_removals import RemovalLog
 from radixcache.transfer.ticket import FutureTicket
 
 log = logging.getLogger(__name__)
 
+_AHEAD = 4  # put chunks encoded ahead of the sender at most
+
 
 # -- the record (the one place that knows its format) ---------------------------
-def record_bytes(key: bytes, num_tokens: int, kv_bytes: int, info: bytes) -> int:
-    """Bytes of the record of one page whose record (full) key is ``key``."""
-    return rec.record_size(len(key), len(info), num_tokens, kv_bytes)
-
-
 def encode_record(
-    out: memoryview,
     *,
     key: bytes,
     ns_tag: bytes,
@@ -59,10 +61,14 @@ def encode_record(
     seq: int,
     meta: PutMeta | None,
     index: int,
-) -> None:
-    """Write the record of page ``index`` of a put (``meta`` gives its event ids)."""
-    rec.encode_into(
-        out,
+) -> Scattered:
+    """The record of page ``index`` of a put (``meta`` gives its event ids), as
+    its head plus the page itself: the KV bytes are sent from the host page,
+    never copied (the caller leaves the page untouched until the ticket is done)."""
+    info = b"" if meta is None else meta.info
+    head = bytearray(rec.head_size(len(key), len(info), 0 if tokens is None else int(tokens.size)))
+    rec.encode_head(
+        head,
         key=key,
         ns_tag=ns_tag,
         tokens=tokens,
@@ -75,8 +81,9 @@ def encode_record(
             else meta.parent_block_id if index == 0 else int(meta.block_ids[index - 1])
         ),
         depth=0 if meta is None else meta.first_depth + index,
-        info=b"" if meta is None else meta.info,
+        info=info,
     )
+    return Scattered(bytes(head), kv.data)  # the host page itself, not a copy
 
 
 def verify_record(
@@ -129,8 +136,26 @@ class ForgetJob:
 Job = PutJob | DeleteJob | ForgetJob
 
 
+@dataclass(slots=True)
+class _PutProgress:
+    """A put job's chunks so far (updated on the sender thread)."""
+
+    stored: int = 0  # leading keys in the pool
+    written: int = 0  # SETs that wrote
+    skipped: int = 0  # SETs that found the key there
+    stopped: bool = False  # a chunk failed: the later ones are not sent
+
+
 class PoolWriter:
-    """Runs put/delete/forget jobs in order on one thread."""
+    """Runs put/delete/forget jobs in order, in two stages::
+
+        queue --> encoder thread: a put's records, chunk by chunk (checksums)
+              --> sender thread:  every network call, in job order; finishes
+                                  the tickets
+
+    so the records of chunk k+1 (or of the next put) are built while chunk k
+    is on the wire. At most ``_AHEAD`` chunks wait for the sender.
+    """
 
     def __init__(
         self,
@@ -150,7 +175,8 @@ class PoolWriter:
         self._batch = batch_pages
         self._seq = first_seq  # write sequence number of the next record
         self._after_job = after_job  # e.g. refresh the pool's size figures
-        self._staging = bytearray()  # records of one chunk, sent by one pipeline
+        self._ahead = threading.BoundedSemaphore(_AHEAD)
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="radixcache-pool-send")
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.unavailable = 0  # jobs cut short because the pool was down
         self._thread = threading.Thread(target=self._run, name="radixcache-pool-write", daemon=True)
@@ -166,90 +192,114 @@ class PoolWriter:
         self._queue.put(job)
 
     def close(self) -> None:
-        """Run every job queued so far, then stop the thread."""
+        """Run every job queued so far, then stop the threads."""
         self._queue.put(None)
         self._thread.join()
+        self._sender.shutdown(wait=True)
 
     def _run(self) -> None:
         while True:
             job = self._queue.get()
             if job is None:
                 return
-            try:
-                if isinstance(job, PutJob):
+            if isinstance(job, PutJob):
+                try:
                     self._put(job)
-                elif isinstance(job, DeleteJob):
-                    self._delete(job)
-                else:
-                    self._forget(job)
-                self._after_job()
-            except Exception as exc:  # a bug must not stop the thread or hang a ticket
+                except Exception as exc:  # a bug must not stop the thread or hang a ticket
+                    self._send(self._fail, job, exc)
+            else:
+                self._send(self._delete if isinstance(job, DeleteJob) else self._forget, job)
+
+    def _send(self, step: Callable[..., None], *args: Any) -> None:
+        """Queue ``step(*args)`` on the sender thread (in order; never raises there)."""
+        self._ahead.acquire()
+
+        def run() -> None:
+            try:
+                step(*args)
+            except Exception as exc:  # a bug must not stop the sender or hang a ticket
+                job = args[0]
                 log.exception("pool write job failed")
-                if job.ticket is not None and not job.ticket.done():
-                    job.ticket.fail(exc)
-                if isinstance(job, PutJob):
-                    self._removals.end_put(job.pkeys, [])
+                self._fail(job, exc)
+            finally:
+                self._ahead.release()
+
+        self._sender.submit(run)
+
+    def _fail(self, job: Job, exc: Exception) -> None:
+        if job.ticket is not None and not job.ticket.done():
+            job.ticket.fail(exc)
+        if isinstance(job, PutJob):
+            self._removals.end_put(job.pkeys, [])
 
     # -- put ---------------------------------------------------------------------
     def _put(self, job: PutJob) -> None:
-        stored = written = skipped = 0
+        """Encode the job's chunks here; the sender sends them and finishes it."""
         host_bytes = job.host.as_bytes()
-        try:
-            for start in range(0, len(job.rkeys), self._batch):
-                keys = job.rkeys[start : start + self._batch]
-                values = self._encode(job, start, len(keys), host_bytes)
-                replies = self._link.run(lambda pipe: self._queue_puts(pipe, job.ns_key, keys, values))
-                ok = True
-                for reply in replies[1:]:
-                    if isinstance(reply, Exception):  # e.g. OOM under noeviction
-                        log.warning("pool put refused: %s", reply)
-                        ok = False
-                        break
-                    stored += 1
-                    written += reply is True
-                    skipped += reply is not True
-                if not ok:
-                    self._counters.add(failed_ops=1)
-                    break
-        except PoolUnavailable:
-            self.unavailable += 1
-            self._counters.add(failed_ops=1)
-        self._counters.add(puts=written, put_skipped=skipped, write_txns=1)
-        job.ticket.finish(stored)
-        self._removals.end_put(job.pkeys, job.pkeys[:stored])
+        progress = _PutProgress()
+        n = len(job.rkeys)
+        for start in range(0, n, self._batch):
+            keys = job.rkeys[start : start + self._batch]
+            values = self._encode(job, start, len(keys), host_bytes)
+            self._send(self._send_chunk, job, progress, keys, values, start + self._batch >= n)
+
+    def _send_chunk(
+        self,
+        job: PutJob,
+        progress: _PutProgress,
+        keys: list[bytes],
+        values: list[Scattered],
+        last: bool,
+    ) -> None:
+        if not progress.stopped:
+            try:
+                replies = self._link.run(
+                    partial(self._queue_puts, ns_key=job.ns_key, keys=keys, values=values)
+                )
+                progress.stopped = not self._count(replies, progress)
+            except PoolUnavailable:
+                progress.stopped = True
+                self.unavailable += 1
+                self._counters.add(failed_ops=1)
+        if last:
+            self._counters.add(puts=progress.written, put_skipped=progress.skipped, write_txns=1)
+            job.ticket.finish(progress.stored)
+            self._removals.end_put(job.pkeys, job.pkeys[: progress.stored])
+            self._after_job()
+
+    def _count(self, replies: list[Any], progress: _PutProgress) -> bool:
+        """Add one chunk's SET replies to ``progress``; False at a refused SET."""
+        for reply in replies[1:]:  # replies[0] answers the SADD
+            if isinstance(reply, Exception):  # e.g. OOM under noeviction
+                log.warning("pool put refused: %s", reply)
+                self._counters.add(failed_ops=1)
+                return False
+            progress.stored += 1
+            progress.written += reply is True
+            progress.skipped += reply is not True
+        return True
 
     def _encode(
         self, job: PutJob, start: int, count: int, host_bytes: npt.NDArray[np.uint8]
-    ) -> list[memoryview]:
-        t = 0 if job.tokens is None else job.tokens.shape[1]
-        info = b"" if job.meta is None else job.meta.info
-        fkeys = job.fkeys[start : start + count]
-        sizes = [record_bytes(key, t, host_bytes.shape[1], info) for key in fkeys]
-        if len(self._staging) < sum(sizes):
-            self._staging = bytearray(sum(sizes))
-        view = memoryview(self._staging)
+    ) -> list[Scattered]:
         values = []
-        at = 0
-        for j, (key, size) in enumerate(zip(fkeys, sizes)):
-            i = start + j
-            out = view[at : at + size]
-            encode_record(
-                out,
-                key=key,
-                ns_tag=job.ns_tag,
-                tokens=None if job.tokens is None else job.tokens[i],
-                kv=host_bytes[job.host_pages[i]],
-                seq=self._seq,
-                meta=job.meta,
-                index=i,
+        for i in range(start, start + count):
+            values.append(
+                encode_record(
+                    key=job.fkeys[i],
+                    ns_tag=job.ns_tag,
+                    tokens=None if job.tokens is None else job.tokens[i],
+                    kv=host_bytes[job.host_pages[i]],
+                    seq=self._seq,
+                    meta=job.meta,
+                    index=i,
+                )
             )
             self._seq += 1
-            values.append(out)
-            at += size
         return values
 
     def _queue_puts(
-        self, pipe: object, ns_key: bytes, keys: list[bytes], values: list[memoryview]
+        self, pipe: object, *, ns_key: bytes, keys: list[bytes], values: list[Scattered]
     ) -> None:
         pipe.sadd(ns_key, *keys)  # type: ignore[attr-defined]
         for key, value in zip(keys, values):
@@ -261,6 +311,7 @@ class PoolWriter:
         if job.ticket is not None:
             self._counters.add(deleted=removed)
             job.ticket.finish(removed)
+        self._after_job()
 
     def _delete_keys(self, rkeys: list[bytes], pkeys: list[bytes]) -> int:
         removed = 0
@@ -295,6 +346,7 @@ class PoolWriter:
             return
         self._counters.add(deleted=removed)
         job.ticket.finish(removed)
+        self._after_job()
 
 
 class PoolReader:
@@ -316,6 +368,7 @@ class PoolReader:
         self._writer = writer  # deletes records that fail verification
         self._batch = batch_pages
         self._pool = ThreadPoolExecutor(num_readers, thread_name_prefix="radixcache-pool-read")
+        self._fetcher = ThreadPoolExecutor(num_readers, thread_name_prefix="radixcache-pool-fetch")
         self.unavailable = 0  # reads cut short because the pool was down
 
     def submit(
@@ -332,6 +385,7 @@ class PoolReader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._fetcher.shutdown(wait=True)
 
     def _read(
         self,
@@ -370,14 +424,20 @@ class PoolReader:
     ) -> tuple[int, int | None]:
         """Returns (leading pages served, index of a record that failed its checks).
 
-        Raises ``_Partial`` (with the pages served so far) when the pool is lost.
+        Raises ``_Partial`` (with the pages served so far) when the pool is
+        lost. Chunk k+1 is fetched (on the fetch pool) while chunk k is
+        verified and copied; after a miss, at most one prefetched chunk is
+        dropped unread.
         """
-        for start in range(0, len(rkeys), self._batch):
-            chunk = rkeys[start : start + self._batch]
+        starts = list(range(0, len(rkeys), self._batch))
+        nxt = self._fetch_async(rkeys, starts[0], len(starts) > 1)
+        for k, start in enumerate(starts):
             try:
-                values = self._link.run(lambda pipe: [pipe.get(k) for k in chunk])
+                values = nxt.result()
             except PoolUnavailable as exc:
                 raise _Partial(start) from exc
+            if k + 1 < len(starts):
+                nxt = self._fetch_async(rkeys, starts[k + 1], True)
             for j, value in enumerate(values):
                 i = start + j
                 if not isinstance(value, bytes):  # gone (evicted, expired) or an error reply
@@ -391,6 +451,22 @@ class PoolReader:
                 ):
                     return i, i
         return len(rkeys), None
+
+    def _fetch_async(self, rkeys: list[bytes], start: int, background: bool) -> Future[list[Any]]:
+        """GET one chunk: on the fetch pool, or here when nothing can overlap it."""
+        chunk = rkeys[start : start + self._batch]
+
+        def fetch() -> list[Any]:
+            return self._link.run(lambda pipe: [pipe.get(k) for k in chunk])
+
+        if background:
+            return self._fetcher.submit(fetch)
+        done: Future[list[Any]] = Future()
+        try:
+            done.set_result(fetch())
+        except PoolUnavailable as exc:
+            done.set_exception(exc)
+        return done
 
 
 class _Partial(PoolUnavailable):

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.connection import Connection, PythonRespSerializer, SSLConnection
 from redis.retry import Retry
 
 from radixcache.offload.storage import StorageError
@@ -51,6 +52,67 @@ _DOWN_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ClusterError,
     OSError,
 )
+
+
+class Scattered:
+    """One command argument sent from several buffers, none copied: e.g. a
+    record's head and the host page holding its KV bytes."""
+
+    __slots__ = ("parts", "nbytes")
+
+    def __init__(self, *parts: bytes | memoryview) -> None:
+        self.parts = parts  # small bytes are merged with the command's other small parts
+        self.nbytes = sum(memoryview(part).nbytes for part in parts)
+
+    def __repr__(self) -> str:  # shown in redis-py's error messages: no bytes
+        return f"<{self.nbytes} B in {len(self.parts)} parts>"
+
+
+class PagePacker(PythonRespSerializer):
+    """redis-py's own packer (large values as separate buffers, not copied
+    into one packed command as hiredis' packer does), plus ``Scattered``
+    arguments. Measured here on loopback, pipelined SET of 256 KiB values:
+    0.68 GB/s with hiredis packing, 2.68 GB/s with this; of 2 MiB values
+    0.60 -> 3.15 GB/s. Replies are still parsed by hiredis."""
+
+    def pack(self, *args: Any) -> list[Any]:
+        if not any(isinstance(arg, Scattered) for arg in args):
+            packed: list[Any] = super().pack(*args)
+            return packed
+        out: list[Any] = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            if isinstance(arg, Scattered):
+                out.append(b"$%d\r\n" % arg.nbytes)
+                out.extend(arg.parts)
+                out.append(b"\r\n")
+            else:
+                raw = self.encode(arg.encode() if isinstance(arg, str) else arg)
+                out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+        return out
+
+
+class PageConnection(Connection):
+    """A connection packing with ``PagePacker``."""
+
+    def _construct_command_packer(self, packer: Any) -> Any:
+        return PagePacker(self._buffer_cutoff, self.encoder.encode)
+
+
+class PageSSLConnection(SSLConnection):
+    """``PageConnection`` over TLS."""
+
+    def _construct_command_packer(self, packer: Any) -> Any:
+        return PagePacker(self._buffer_cutoff, self.encoder.encode)
+
+
+class PagePool(redis.ConnectionPool):
+    """A connection pool of ``PageConnection`` (``PageSSLConnection`` for TLS);
+    also what a cluster client builds for every node it finds."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        tls = issubclass(kwargs.get("connection_class", Connection), SSLConnection)
+        kwargs["connection_class"] = PageSSLConnection if tls else PageConnection
+        super().__init__(**kwargs)
 
 
 class PoolUnavailable(StorageError):
@@ -201,10 +263,16 @@ class PoolLink:
     def node_clients(self) -> list[redis.Redis]:
         """One plain client per primary node (the server itself when not a cluster)."""
         client = self.client()
+        tls: dict[str, Any] = {"ssl": True} if self.config.tls else {}
         if not isinstance(client, RedisCluster):
-            return [redis.Redis(**self._kwargs(), host=self.config.host, port=self.config.port)]
+            return [
+                redis.Redis(
+                    **self._kwargs(), **tls, host=self.config.host, port=self.config.port,
+                    db=self.config.db,
+                )  # fmt: skip
+            ]
         return [
-            redis.Redis(**self._kwargs(), host=node.host, port=node.port)
+            redis.Redis(**self._kwargs(), **tls, host=node.host, port=node.port)
             for node in client.get_primaries()
         ]
 
@@ -228,7 +296,6 @@ class PoolLink:
         }
         if cfg.tls:
             kwargs.update(
-                ssl=True,
                 ssl_ca_certs=cfg.tls_ca_file,
                 ssl_certfile=cfg.tls_cert_file,
                 ssl_keyfile=cfg.tls_key_file,
@@ -237,14 +304,19 @@ class PoolLink:
 
     def _connect(self) -> Client:
         cfg = self.config
-        if cfg.cluster:
+        if cfg.cluster:  # a node URL makes the client build every node's pool with PagePool
+            scheme = "rediss" if cfg.tls else "redis"
             return RedisCluster(
-                host=cfg.host,
-                port=cfg.port,
+                url=f"{scheme}://{cfg.host}:{cfg.port}",
                 require_full_coverage=True,
+                connection_pool_class=PagePool,
                 **self._kwargs(),
             )
-        return redis.Redis(host=cfg.host, port=cfg.port, db=cfg.db, **self._kwargs())
+        kind = PageSSLConnection if cfg.tls else PageConnection
+        pool = PagePool(
+            connection_class=kind, host=cfg.host, port=cfg.port, db=cfg.db, **self._kwargs()
+        )
+        return redis.Redis(connection_pool=pool)
 
 
 def _is_command_error(reply: BaseException) -> bool:

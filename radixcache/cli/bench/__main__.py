@@ -1,11 +1,11 @@
-"""``python -m radixcache.cli.bench {tree,copy,storage,events} [args]``."""
+"""``python -m radixcache.cli.bench {tree,copy,storage,events,pool} [args]``."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHMARKS = ("tree", "copy", "storage", "events")
+BENCHMARKS = ("tree", "copy", "storage", "events", "pool")
 
 
 def main(argv: list[str] | None = None) -> int:
