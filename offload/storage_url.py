@@ -10,6 +10,9 @@ config; ``open_storage(target, spec, fingerprint)`` opens the backend::
     "valkey://10.0.0.5:7000?cluster=true" -> ... on a Valkey cluster
     StorageConfig(...) / ValkeyConfig(...) -> as given
 
+Only opening a pool imports the client library (the ``valkey`` extra:
+redis-py and hiredis); LMDB-only users need neither.
+
 Passwords: a URL may carry one (``valkey://user:secret@host``), but a command
 line is visible to every user of the machine, so a pool URL without a password
 takes it from the environment variable ``RADIXCACHE_VALKEY_PASSWORD`` when that
@@ -25,7 +28,6 @@ from urllib.parse import parse_qs, urlsplit
 from radixcache.offload.lmdb_storage import DURABILITY_MODES, LmdbStorage, StorageConfig
 from radixcache.offload.storage import ModelFingerprint, NullStorage, Storage
 from radixcache.offload.valkey_config import SCHEMES, ValkeyConfig, redact_url
-from radixcache.offload.valkey_storage import ValkeyStorage
 from radixcache.transfer.layout import KVSpec
 
 PASSWORD_ENV = "RADIXCACHE_VALKEY_PASSWORD"
@@ -104,5 +106,12 @@ def open_storage(target: StorageTarget, spec: KVSpec, fingerprint: ModelFingerpr
     if config is None:
         return NullStorage()
     if isinstance(config, ValkeyConfig):
+        try:  # the client library is an extra: only a pool needs it
+            from radixcache.offload.valkey_storage import ValkeyStorage
+        except ImportError as exc:
+            raise ImportError(
+                f"a Valkey pool needs the client library ({exc.name}): "
+                "pip install 'radixcache[valkey]'"
+            ) from exc
         return ValkeyStorage(config, spec, fingerprint)
     return LmdbStorage(config, spec, fingerprint)
