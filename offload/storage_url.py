@@ -1,7 +1,7 @@
 """Choosing the storage backend by configuration: an LMDB directory or a Valkey pool.
 
 ``storage_config(target)`` turns what a user wrote into a backend's frozen
-config; ``open_storage(target, spec, fingerprint)`` opens the backend::
+config; ``open_backend(target, spec, fingerprint)`` opens the backend::
 
     None                                  -> no storage tier (NullStorage)
     "lmdb:///var/cache/rx?capacity_gib=64" -> LmdbStorage (also a bare path: "./rx-data")
@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 from urllib.parse import parse_qs, urlsplit
 
-from radixcache.offload.lmdb_storage import DURABILITY_MODES, LmdbStorage, StorageConfig
-from radixcache.offload.storage import ModelFingerprint, NullStorage, Storage
+from radixcache.offload.lmdb_open import StorageOpening, open_lmdb_storage
+from radixcache.offload.lmdb_storage import DURABILITY_MODES, StorageConfig
+from radixcache.offload.storage import ModelFingerprint, NullStorage
 from radixcache.offload.valkey_config import SCHEMES, ValkeyConfig, redact_url
 from radixcache.transfer.layout import KVSpec
 
@@ -95,16 +96,19 @@ def _lmdb_config(url: str) -> StorageConfig:
     return StorageConfig(**fields)  # type: ignore[arg-type]
 
 
-def open_storage(target: StorageTarget, spec: KVSpec, fingerprint: ModelFingerprint) -> Storage:
+def open_backend(
+    target: StorageTarget, spec: KVSpec, fingerprint: ModelFingerprint
+) -> StorageOpening:
     """Open the backend ``target`` names, bound to ``fingerprint``.
 
-    A Valkey pool that is down does not fail the opening: its calls are misses
-    until it answers. An LMDB directory that cannot be opened raises
-    ``StorageOpenError``.
+    LMDB: as ``open_lmdb_storage`` (a damaged store is moved aside, an
+    unusable one disables the tier, unless ``on_open_error="strict"``). A
+    Valkey pool is always "opened": one that is down is a miss on every call
+    until it answers (the engine reconnects). None: ``NullStorage``, "disabled".
     """
     config = storage_config(target)
     if config is None:
-        return NullStorage()
+        return StorageOpening(NullStorage(), "disabled")
     if isinstance(config, ValkeyConfig):
         try:  # the client library is an extra: only a pool needs it
             from radixcache.offload.valkey_storage import ValkeyStorage
@@ -113,5 +117,5 @@ def open_storage(target: StorageTarget, spec: KVSpec, fingerprint: ModelFingerpr
                 f"a Valkey pool needs the client library ({exc.name}): "
                 "pip install 'radixcache[valkey]'"
             ) from exc
-        return ValkeyStorage(config, spec, fingerprint)
-    return LmdbStorage(config, spec, fingerprint)
+        return StorageOpening(ValkeyStorage(config, spec, fingerprint), "opened")
+    return open_lmdb_storage(config, spec, fingerprint)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,21 @@ def pool_kit(
     kit = PoolKit(tmp_path, servers.url)
     yield kit
     kit.close_all()
+
+
+@pytest.fixture
+def pool_kit_at(tmp_path: Path) -> Iterator[Callable[[str], PoolKit]]:
+    """Makes ``PoolKit`` on any pool URL (e.g. a test's own server); closes them at teardown."""
+    kits: list[PoolKit] = []
+
+    def make(url: str) -> PoolKit:
+        kit = PoolKit(tmp_path / f"kit{len(kits)}", url)
+        kits.append(kit)
+        return kit
+
+    yield make
+    for kit in kits:
+        kit.close_all()
 
 
 @pytest.fixture

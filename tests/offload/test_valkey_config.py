@@ -9,7 +9,7 @@ import pytest
 
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.storage import NullStorage
-from radixcache.offload.storage_url import PASSWORD_ENV, open_storage, storage_config
+from radixcache.offload.storage_url import PASSWORD_ENV, open_backend, storage_config
 from radixcache.offload.valkey_config import ValkeyConfig, redact_url
 from radixcache.offload.valkey_storage import ValkeyStorage
 
@@ -83,15 +83,17 @@ def test_bad_config_values_are_refused() -> None:
         storage_config(42)  # type: ignore[arg-type]
 
 
-def test_open_storage_opens_each_backend(single_kit: PoolKit, tmp_path: Path) -> None:
+def test_open_backend_opens_each_backend(single_kit: PoolKit, tmp_path: Path) -> None:
     fp, spec = single_kit.fingerprint, single_kit.spec
-    assert isinstance(open_storage(None, spec, fp), NullStorage)
-    lmdb = open_storage(f"lmdb://{tmp_path}/store", spec, fp)
+    assert isinstance(open_backend(None, spec, fp).storage, NullStorage)
+    opening = open_backend(f"lmdb://{tmp_path}/store", spec, fp)
     try:
-        assert isinstance(lmdb, LmdbStorage)
+        assert isinstance(opening.storage, LmdbStorage) and opening.state == "opened"
     finally:
-        lmdb.close()
-    pool = open_storage(single_kit.url, spec, fp)
+        opening.storage.close()
+    opening = open_backend(single_kit.url, spec, fp)
+    pool = opening.storage
+    assert opening.state == "opened"
     try:
         assert isinstance(pool, ValkeyStorage)
         host = single_kit.host(2)

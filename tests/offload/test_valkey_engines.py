@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 
 def make_engine(url: str) -> RadixCache:
     """A small tiered engine whose storage tier is the pool at ``url``."""
-    import radixcache.tiers as tiers_module
+    import radixcache.tier_config as tier_config
     from radixcache import CacheConfig, RadixCache
     from radixcache.offload.host import HostPoolConfig
     from radixcache.offload.lmdb_storage import StorageConfig
-    from radixcache.offload.storage_url import open_storage
-    from radixcache.tiers import TierConfig
+    from radixcache.offload.storage_url import open_backend
+    from radixcache.tier_config import TierConfig
     from tests.radixcache.tierkit import SPEC
 
     fields: dict[str, Any] = {
@@ -48,7 +48,7 @@ def make_engine(url: str) -> RadixCache:
     try:
         tiers = TierConfig(storage=url, **fields)  # type: ignore[arg-type]
     except TypeError:  # the tiers take only an LMDB config yet: open the pool in its place
-        tiers_module.LmdbStorage = lambda _config, spec, fingerprint: open_storage(  # type: ignore[assignment,misc]
+        tier_config.open_lmdb_storage = lambda _config, spec, fingerprint: open_backend(  # type: ignore[assignment]
             url, spec, fingerprint
         )
         tiers = TierConfig(storage=StorageConfig(path=tempfile.mkdtemp()), **fields)
@@ -63,25 +63,26 @@ def run_engine(role: str, url: str) -> dict[str, Any]:
 
     prompt = np.arange(1000, 1000 + 4 * P + 1, dtype=np.int32)
     cache = make_engine(url)
-    tiers = cache.tiers  # type: ignore[attr-defined]
     try:
         if role == "a":
             cache.release(prefill(cache, prompt))
-            tiers.drain()
-            stats = tiers.controller.storage.stats()
-            return {"puts": stats.puts, "hit_tokens": tiers.counters.storage_hit_tokens}
+            cache.drain()
+            tiers = cache.tier_stats()
+            assert tiers is not None and tiers.storage is not None
+            return {"puts": tiers.storage.puts, "hit_tokens": tiers.storage_hit_tokens}
         req = cache.admit(prompt)
         cached = req.cached_len
         cache.reserve(req, 1)
         assert req.ready
         assert_kv_correct(cache, req)  # bit-exact: every position holds its prefix's KV
         cache.check_integrity()
-        stats = tiers.controller.storage.stats()
+        tiers = cache.tier_stats()
+        assert tiers is not None and tiers.storage is not None
         return {
             "cached": cached,
-            "hit_tokens": tiers.counters.storage_hit_tokens,
-            "hits": stats.hits,
-            "puts": stats.puts,
+            "hit_tokens": tiers.storage_hit_tokens,
+            "hits": tiers.storage.hits,
+            "puts": tiers.storage.puts,
         }
     finally:
         cache.close()

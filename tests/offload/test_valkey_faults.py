@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,7 @@ from radixcache.offload.storage import ModelFingerprint
 if TYPE_CHECKING:
     from conftest import PoolKit
 
-from conftest import PoolKit as Kit
+KitAt = Callable[[str], "PoolKit"]
 
 
 @pytest.fixture
@@ -34,10 +34,8 @@ def server() -> Iterator[ValkeyServer]:
 
 
 @pytest.fixture
-def kit(server: ValkeyServer, tmp_path: Path) -> Iterator[PoolKit]:
-    k = Kit(tmp_path, server.url)
-    yield k
-    k.close_all()
+def kit(server: ValkeyServer, pool_kit_at: KitAt) -> PoolKit:
+    return pool_kit_at(server.url)
 
 
 def _fill(kit: PoolKit, pool, n: int, salt: bytes = b"", seed: int = 0):  # type: ignore[no-untyped-def]
@@ -56,9 +54,9 @@ def _wait_until(check, timeout: float = 5.0) -> None:  # type: ignore[no-untyped
         time.sleep(0.05)
 
 
-def test_pool_down_at_start_is_a_miss_then_used_once_it_answers(tmp_path: Path) -> None:
+def test_pool_down_at_start_is_a_miss_then_used_once_it_answers(pool_kit_at: KitAt) -> None:
     port = free_port()
-    kit = Kit(tmp_path, f"valkey://127.0.0.1:{port}/0")
+    kit = pool_kit_at(f"valkey://127.0.0.1:{port}/0")
     try:
         pool = kit.pool()
         host = kit.host(4)
@@ -122,9 +120,9 @@ def test_a_stalled_server_times_out_to_misses_and_recovers(server: ValkeyServer,
     assert np.array_equal(dst.as_bytes(), host.as_bytes())
 
 
-def test_eviction_between_lookup_and_read_is_a_short_read(tmp_path: Path) -> None:
+def test_eviction_between_lookup_and_read_is_a_short_read(pool_kit_at: KitAt) -> None:
     server = ValkeyServer(maxmemory=4 << 20, policy="volatile-lru")
-    kit = Kit(tmp_path, server.url)
+    kit = pool_kit_at(server.url)
     try:
         pool = kit.pool()
         keys, tokens, host = _fill(kit, pool, 8, salt=b"first")
@@ -185,13 +183,15 @@ def test_a_value_written_for_another_model_or_key_is_refused(server: ValkeyServe
     assert kit.done(mine.get([keys[1]], tokens2, kit.host(2), kit.ids(0))) == 0
     # and another tenant's page is refused when the reader names its namespace
     assert kit.done(mine.get(keys2, tokens2, kit.host(2), kit.ids(0), namespace=b"other")) == 0
-    assert kit.done(mine.get(keys2, tokens2, kit.host(2), kit.ids(0), namespace=b"ns")) == 0  # deleted above
+    kit.done(mine.delete([]))  # after the refused record's deletion
+    assert mine.stats().corrupt == 3
+    assert kit.done(mine.get(keys2, tokens2, kit.host(2), kit.ids(0), namespace=b"ns")) == 0  # deleted
 
 
-def test_wrong_password_is_a_miss_and_never_shown(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_wrong_password_is_a_miss_and_never_shown(pool_kit_at: KitAt, caplog: pytest.LogCaptureFixture) -> None:
     secret = "s3cret-Pa55word"
     server = ValkeyServer(password=secret)
-    kit = Kit(tmp_path, f"valkey://:{secret}@127.0.0.1:{server.port}/0")
+    kit = pool_kit_at(f"valkey://:{secret}@127.0.0.1:{server.port}/0")
     try:
         caplog.set_level(logging.DEBUG)
         good = kit.pool()

@@ -118,10 +118,12 @@ def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, tmp
     try:
         prompt = np.arange(500, 500 + 3 * P + 2, dtype=np.int32)
         cache.release(prefill(cache, prompt))
-        cache.tiers.drain()  # type: ignore[attr-defined]
-        fingerprint = cache.tiers.controller.storage.fingerprint  # type: ignore[attr-defined]
+        cache.drain()
     finally:
         cache.close()
+    from radixcache.offload.storage import ModelFingerprint
+
+    fingerprint = ModelFingerprint("shared-model", cache.spec.describe(), 0)  # make_engine's
     lookup = PoolLookup(ValkeyConfig.from_url(valkey_server.url), fingerprint, engine_keys)
     try:
         assert lookup(prompt.tolist(), P) == 3
