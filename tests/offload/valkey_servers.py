@@ -133,15 +133,11 @@ class ValkeyServer:
             c.flushall()
 
     def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.send_signal(signal.SIGCONT)  # a paused server cannot exit otherwise
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
+        """Kill the process (nothing to save: no persistence) and remove its files.
+
+        Not SIGTERM: a cluster node then waits up to ``shutdown-timeout``
+        (10 s) for replicas it does not have."""
+        self.kill()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
