@@ -33,7 +33,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -142,6 +142,7 @@ class _PutProgress:
 
     stored: int = 0  # leading keys in the pool
     written: int = 0  # SETs that wrote
+    wrote: list[bytes] = field(default_factory=list)  # page keys this put wrote (not found there)
     skipped: int = 0  # SETs that found the key there
     stopped: bool = False  # a chunk failed: the later ones are not sent
 
@@ -230,7 +231,7 @@ class PoolWriter:
         if job.ticket is not None and not job.ticket.done():
             job.ticket.fail(exc)
         if isinstance(job, PutJob):
-            self._removals.end_put(job.pkeys, [])
+            self._removals.end_put(job.pkeys, [], [])
 
     # -- put ---------------------------------------------------------------------
     def _put(self, job: PutJob) -> None:
@@ -256,7 +257,13 @@ class PoolWriter:
                 replies = self._link.run(
                     partial(self._queue_puts, ns_key=job.ns_key, keys=keys, values=values)
                 )
+                start = progress.stored
                 progress.stopped = not self._count(replies, progress)
+                progress.wrote.extend(
+                    job.pkeys[start + j]
+                    for j, reply in enumerate(replies[1 : 1 + progress.stored - start])
+                    if reply is True
+                )
             except PoolUnavailable:
                 progress.stopped = True
                 self.unavailable += 1
@@ -264,7 +271,7 @@ class PoolWriter:
         if last:
             self._counters.add(puts=progress.written, put_skipped=progress.skipped, write_txns=1)
             job.ticket.finish(progress.stored)
-            self._removals.end_put(job.pkeys, job.pkeys[: progress.stored])
+            self._removals.end_put(job.pkeys, job.pkeys[: progress.stored], progress.wrote)
             self._after_job()
 
     def _count(self, replies: list[Any], progress: _PutProgress) -> bool:

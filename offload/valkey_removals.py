@@ -47,15 +47,20 @@ class RemovalLog:
         self._inflight: Counter[bytes] = Counter()  # page keys of unfinished puts
         self._held: list[bytes] = []  # removals of keys with a put in flight
         self._removed: list[bytes] = []  # ready to hand over
+        self._written: list[bytes] = []  # page keys this process wrote, not yet taken
 
     def begin_put(self, keys: Iterable[bytes]) -> None:
         with self._lock:
             self._inflight.update(keys)
 
-    def end_put(self, keys: Iterable[bytes], stored: Iterable[bytes]) -> None:
-        """A put ticket finished: ``stored`` (a prefix of ``keys``) are in the pool."""
+    def end_put(
+        self, keys: Iterable[bytes], stored: Iterable[bytes], written: Iterable[bytes]
+    ) -> None:
+        """A put ticket finished: ``stored`` (a prefix of ``keys``) are in the
+        pool; this process wrote ``written`` of them (the others were there)."""
         with self._lock:
             self._known.update(stored)
+            self._written.extend(written)
             self._inflight.subtract(keys)
             self._inflight += Counter()  # drops the zero counts
             if self._held:
@@ -79,6 +84,11 @@ class RemovalLog:
     def take(self) -> list[bytes]:
         with self._lock:
             out, self._removed = self._removed, []
+        return out
+
+    def take_written(self) -> list[bytes]:
+        with self._lock:
+            out, self._written = self._written, []
         return out
 
 

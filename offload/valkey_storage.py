@@ -89,6 +89,8 @@ class ValkeyStorage:
     only one that waits on the network (at most two round trips).
     """
 
+    medium = "EXTERNAL"  # the event medium of its pages (SGLang's name for a shared pool)
+
     def __init__(self, config: ValkeyConfig, spec: KVSpec, fingerprint: ModelFingerprint) -> None:
         if not isinstance(config, ValkeyConfig):
             raise TypeError(f"config must be a ValkeyConfig, got {type(config).__name__}")
@@ -262,6 +264,13 @@ class ValkeyStorage:
 
     def take_removed(self) -> list[bytes]:
         return self._removals.take()
+
+    def take_written(self) -> list[bytes]:
+        """Page keys this process wrote into the pool since the last call (not
+        those a put found there), in order, once their put tickets finished:
+        the pages whose ``BlockStored(medium=EXTERNAL)`` this engine publishes
+        (each page once, by the engine that wrote it)."""
+        return self._removals.take_written()
 
     def scan(self) -> Iterator[rec.RecordMeta]:
         """Nothing: the pool's records belong to every engine that uses it, so an

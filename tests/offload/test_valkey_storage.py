@@ -77,6 +77,8 @@ def test_put_skips_stored_keys_and_a_second_engine_reads_them(pool_kit: PoolKit)
     assert pool_kit.done(a.put(keys, pool_kit.tokens(4), host, pool_kit.ids(0, 1, 2, 3), b"ns")) == 4
     assert pool_kit.done(b.put(keys, pool_kit.tokens(4), host, pool_kit.ids(0, 1, 2, 3), b"ns")) == 4
     assert (b.stats().puts, b.stats().put_skipped) == (0, 4)
+    # each page is announced (EXTERNAL) once, by the engine that wrote it
+    assert (a.medium, a.take_written(), b.take_written(), a.take_written()) == ("EXTERNAL", keys, [], [])
     dst = pool_kit.host(16, seed=4)
     assert pool_kit.done(b.get(keys, pool_kit.tokens(4), dst, pool_kit.ids(4, 5, 6, 7))) == 4
     assert np.array_equal(dst.as_bytes()[4:8], host.as_bytes()[0:4])
