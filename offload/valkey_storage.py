@@ -53,7 +53,8 @@ from radixcache.offload.storage import (
     TokenPages,
 )
 from radixcache.offload.valkey_config import ValkeyConfig
-from radixcache.offload.valkey_io import DeleteJob, ForgetJob, PoolReader, PoolWriter, PutJob
+from radixcache.offload.valkey_reader import PoolReader
+from radixcache.offload.valkey_writer import DeleteJob, ForgetJob, PoolWriter, PutJob
 from radixcache.offload.valkey_link import PoolLink, PoolUnavailable
 from radixcache.offload.valkey_lookup import PrefixProbe
 from radixcache.offload.valkey_removals import (

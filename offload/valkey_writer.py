@@ -1,29 +1,17 @@
-"""The pool's read and write paths: reader threads and one writer thread.
+"""The pool's write path: an encoder thread and a sender thread.
 
-    get  --> reader pool (num_readers):  per chunk of batch_pages keys, one
-                                         pipelined GET (the next chunk's GET
-                                         runs meanwhile); verify each record and
-                                         copy its KV into the host page; stop
-                                         at the first miss or failed check
     put / delete / forget  --> queue --> encoder thread --> sender thread:
-                                         per chunk, one pipeline [SADD ns-index
-                                         keys..., SET key record NX EX ttl ...]
-
-The records are the storage record (radixcache.offload.record): the same
-bytes as in LMDB, bound to the full key they were written under, verified on
-every read. ``encode_record`` and ``verify_record`` are the only two places
-that call the record format. A record is sent as its head (header, key,
-token ids) followed by the host page itself: the KV bytes are never copied on
-the way out; on the way in they are copied once, from the reply into the
-host page, and checksummed there.
+                                         per chunk of batch_pages pages, one
+                                         pipeline [SADD ns-index keys..., SET
+                                         key record NX EX ttl ...]
 
 A put's index entries go first in its pipeline, so a connection lost half way
 leaves at most index entries without records (harmless: ``forget_namespace``
 deletes keys that are gone already), never a record missing from its index.
 
-Failures never escape a thread: a pool that is down or times out ends a read
-with the pages served so far (a miss for the rest) and a put with the keys
-stored so far; both are counted. Nothing here raises into the owner.
+Failures never escape a thread: a pool that is down or times out ends a put
+with the keys stored so far (counted); a forget fails its ticket (the
+namespace may still be in the pool). Nothing here raises into the owner.
 """
 
 from __future__ import annotations
@@ -32,7 +20,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -40,9 +28,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.offload import record as rec
 from radixcache.offload.storage import Counters, HostPages, PageBuffer, PutMeta, TokenPages
 from radixcache.offload.valkey_link import PoolLink, PoolUnavailable, Scattered
+from radixcache.offload.valkey_records import encode_record
 from radixcache.offload.valkey_removals import RemovalLog
 from radixcache.transfer.ticket import FutureTicket
 
@@ -51,54 +39,6 @@ log = logging.getLogger(__name__)
 _AHEAD = 4  # put chunks encoded ahead of the sender at most
 
 
-# -- the record (the one place that knows its format) ---------------------------
-def encode_record(
-    *,
-    key: bytes,
-    ns_tag: bytes,
-    tokens: npt.NDArray[np.int32] | None,
-    kv: npt.NDArray[np.uint8],
-    seq: int,
-    meta: PutMeta | None,
-    index: int,
-) -> Scattered:
-    """The record of page ``index`` of a put (``meta`` gives its event ids), as
-    its head plus the page itself: the KV bytes are sent from the host page,
-    never copied (the caller leaves the page untouched until the ticket is done)."""
-    info = b"" if meta is None else meta.info
-    head = bytearray(rec.head_size(len(key), len(info), 0 if tokens is None else int(tokens.size)))
-    rec.encode_head(
-        head,
-        key=key,
-        ns_tag=ns_tag,
-        tokens=tokens,
-        kv=kv,
-        seq=seq,
-        block_id=None if meta is None else int(meta.block_ids[index]),
-        parent_block_id=(
-            None
-            if meta is None
-            else meta.parent_block_id if index == 0 else int(meta.block_ids[index - 1])
-        ),
-        depth=0 if meta is None else meta.first_depth + index,
-        info=info,
-    )
-    return Scattered(bytes(head), kv.data)  # the host page itself, not a copy
-
-
-def verify_record(
-    value: bytes,
-    *,
-    key: bytes,
-    ns_tag: bytes | None,
-    tokens: npt.NDArray[np.int32] | None,
-    dst: npt.NDArray[np.uint8],
-) -> bool:
-    """Verify a record read under ``key`` and copy its KV bytes into ``dst``."""
-    return rec.read_into(value, key=key, ns_tag=ns_tag, tokens=tokens, dst=dst)
-
-
-# -- jobs -------------------------------------------------------------------------
 @dataclass(slots=True)
 class PutJob:
     """Write host pages as the records of ``rkeys`` (keys already there are kept)."""
@@ -354,131 +294,3 @@ class PoolWriter:
         self._counters.add(deleted=removed)
         job.ticket.finish(removed)
         self._after_job()
-
-
-class PoolReader:
-    """Serves ``get`` on ``num_readers`` threads."""
-
-    def __init__(
-        self,
-        *,
-        link: PoolLink,
-        counters: Counters,
-        writer: PoolWriter,
-        batch_pages: int,
-        num_readers: int,
-        key_cut: int,
-    ) -> None:
-        self._cut = key_cut  # pool key[key_cut:] is the record key
-        self._link = link
-        self._counters = counters
-        self._writer = writer  # deletes records that fail verification
-        self._batch = batch_pages
-        self._pool = ThreadPoolExecutor(num_readers, thread_name_prefix="radixcache-pool-read")
-        self._fetcher = ThreadPoolExecutor(num_readers, thread_name_prefix="radixcache-pool-fetch")
-        self.unavailable = 0  # reads cut short because the pool was down
-
-    def submit(
-        self,
-        rkeys: list[bytes],
-        pkeys: list[bytes],
-        tokens: TokenPages | None,
-        host: PageBuffer,
-        host_pages: HostPages,
-        ns_tag: bytes | None,
-        ticket: FutureTicket,
-    ) -> None:
-        self._pool.submit(self._read, rkeys, pkeys, tokens, host, host_pages, ns_tag, ticket)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        self._fetcher.shutdown(wait=True)
-
-    def _read(
-        self,
-        rkeys: list[bytes],
-        pkeys: list[bytes],
-        tokens: TokenPages | None,
-        host: PageBuffer,
-        host_pages: HostPages,
-        ns_tag: bytes | None,
-        ticket: FutureTicket,
-    ) -> None:
-        served = 0
-        try:
-            served, corrupt = self._read_pages(rkeys, tokens, host.as_bytes(), host_pages, ns_tag)
-            if corrupt is not None:
-                log.warning("pool record %s failed verification; deleting it", rkeys[corrupt].hex())
-                self._writer.submit(DeleteJob([rkeys[corrupt]], [pkeys[corrupt]], None))
-            self._counters.add(corrupt=corrupt is not None)
-        except _Partial as exc:
-            served = exc.served  # those pages were read and verified
-            self.unavailable += 1
-            self._counters.add(failed_ops=1)
-        except Exception:  # a bug must not hang the ticket: a miss, logged
-            log.exception("pool read failed")
-            self._counters.add(failed_ops=1)
-        self._counters.add(hits=served, misses=len(rkeys) - served)
-        ticket.finish(served)
-
-    def _read_pages(
-        self,
-        rkeys: list[bytes],
-        tokens: TokenPages | None,
-        host_bytes: npt.NDArray[np.uint8],
-        host_pages: HostPages,
-        ns_tag: bytes | None,
-    ) -> tuple[int, int | None]:
-        """Returns (leading pages served, index of a record that failed its checks).
-
-        Raises ``_Partial`` (with the pages served so far) when the pool is
-        lost. Chunk k+1 is fetched (on the fetch pool) while chunk k is
-        verified and copied; after a miss, at most one prefetched chunk is
-        dropped unread.
-        """
-        starts = list(range(0, len(rkeys), self._batch))
-        nxt = self._fetch_async(rkeys, starts[0], len(starts) > 1)
-        for k, start in enumerate(starts):
-            try:
-                values = nxt.result()
-            except PoolUnavailable as exc:
-                raise _Partial(start) from exc
-            if k + 1 < len(starts):
-                nxt = self._fetch_async(rkeys, starts[k + 1], True)
-            for j, value in enumerate(values):
-                i = start + j
-                if not isinstance(value, bytes):  # gone (evicted, expired) or an error reply
-                    return i, None
-                if not verify_record(
-                    value,
-                    key=rkeys[i][self._cut :],
-                    ns_tag=ns_tag,
-                    tokens=None if tokens is None else tokens[i],
-                    dst=host_bytes[host_pages[i]],
-                ):
-                    return i, i
-        return len(rkeys), None
-
-    def _fetch_async(self, rkeys: list[bytes], start: int, background: bool) -> Future[list[Any]]:
-        """GET one chunk: on the fetch pool, or here when nothing can overlap it."""
-        chunk = rkeys[start : start + self._batch]
-
-        def fetch() -> list[Any]:
-            return self._link.run(lambda pipe: [pipe.get(k) for k in chunk])
-
-        if background:
-            return self._fetcher.submit(fetch)
-        done: Future[list[Any]] = Future()
-        try:
-            done.set_result(fetch())
-        except PoolUnavailable as exc:
-            done.set_exception(exc)
-        return done
-
-
-class _Partial(PoolUnavailable):
-    """The pool went away after ``served`` leading pages were read."""
-
-    def __init__(self, served: int) -> None:
-        super().__init__(f"pool lost after {served} pages")
-        self.served = served

@@ -1,0 +1,156 @@
+"""The pool's read path: reader threads that fetch, verify and copy pages.
+
+    get --> reader pool (num_readers): per chunk of batch_pages keys, one
+            pipelined GET (the next chunk's GET runs meanwhile on the fetch
+            pool); verify each record and copy its KV into the host page;
+            stop at the first miss or failed check
+
+A ticket always finishes: a pool that is down or times out ends the read with
+the pages served so far (a miss for the rest), counted; a record that fails
+verification is deleted (through the writer) and counted as corrupt.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from radixcache.offload.storage import Counters, HostPages, PageBuffer, TokenPages
+from radixcache.offload.valkey_link import PoolLink, PoolUnavailable
+from radixcache.offload.valkey_records import verify_record
+from radixcache.offload.valkey_writer import DeleteJob, PoolWriter
+from radixcache.transfer.ticket import FutureTicket
+
+log = logging.getLogger(__name__)
+
+
+class PoolReader:
+    """Serves ``get`` on ``num_readers`` threads."""
+
+    def __init__(
+        self,
+        *,
+        link: PoolLink,
+        counters: Counters,
+        writer: PoolWriter,
+        batch_pages: int,
+        num_readers: int,
+        key_cut: int,
+    ) -> None:
+        self._cut = key_cut  # pool key[key_cut:] is the record key
+        self._link = link
+        self._counters = counters
+        self._writer = writer  # deletes records that fail verification
+        self._batch = batch_pages
+        self._pool = ThreadPoolExecutor(num_readers, thread_name_prefix="radixcache-pool-read")
+        self._fetcher = ThreadPoolExecutor(num_readers, thread_name_prefix="radixcache-pool-fetch")
+        self.unavailable = 0  # reads cut short because the pool was down
+
+    def submit(
+        self,
+        rkeys: list[bytes],
+        pkeys: list[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+        ns_tag: bytes | None,
+        ticket: FutureTicket,
+    ) -> None:
+        self._pool.submit(self._read, rkeys, pkeys, tokens, host, host_pages, ns_tag, ticket)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._fetcher.shutdown(wait=True)
+
+    def _read(
+        self,
+        rkeys: list[bytes],
+        pkeys: list[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+        ns_tag: bytes | None,
+        ticket: FutureTicket,
+    ) -> None:
+        served = 0
+        try:
+            served, corrupt = self._read_pages(rkeys, tokens, host.as_bytes(), host_pages, ns_tag)
+            if corrupt is not None:
+                log.warning("pool record %s failed verification; deleting it", rkeys[corrupt].hex())
+                self._writer.submit(DeleteJob([rkeys[corrupt]], [pkeys[corrupt]], None))
+            self._counters.add(corrupt=corrupt is not None)
+        except _Partial as exc:
+            served = exc.served  # those pages were read and verified
+            self.unavailable += 1
+            self._counters.add(failed_ops=1)
+        except Exception:  # a bug must not hang the ticket: a miss, logged
+            log.exception("pool read failed")
+            self._counters.add(failed_ops=1)
+        self._counters.add(hits=served, misses=len(rkeys) - served)
+        ticket.finish(served)
+
+    def _read_pages(
+        self,
+        rkeys: list[bytes],
+        tokens: TokenPages | None,
+        host_bytes: npt.NDArray[np.uint8],
+        host_pages: HostPages,
+        ns_tag: bytes | None,
+    ) -> tuple[int, int | None]:
+        """Returns (leading pages served, index of a record that failed its checks).
+
+        Raises ``_Partial`` (with the pages served so far) when the pool is
+        lost. Chunk k+1 is fetched (on the fetch pool) while chunk k is
+        verified and copied; after a miss, at most one prefetched chunk is
+        dropped unread.
+        """
+        starts = list(range(0, len(rkeys), self._batch))
+        nxt = self._fetch_async(rkeys, starts[0], len(starts) > 1)
+        for k, start in enumerate(starts):
+            try:
+                values = nxt.result()
+            except PoolUnavailable as exc:
+                raise _Partial(start) from exc
+            if k + 1 < len(starts):
+                nxt = self._fetch_async(rkeys, starts[k + 1], True)
+            for j, value in enumerate(values):
+                i = start + j
+                if not isinstance(value, bytes):  # gone (evicted, expired) or an error reply
+                    return i, None
+                if not verify_record(
+                    value,
+                    key=rkeys[i][self._cut :],
+                    ns_tag=ns_tag,
+                    tokens=None if tokens is None else tokens[i],
+                    dst=host_bytes[host_pages[i]],
+                ):
+                    return i, i
+        return len(rkeys), None
+
+    def _fetch_async(self, rkeys: list[bytes], start: int, background: bool) -> Future[list[Any]]:
+        """GET one chunk: on the fetch pool, or here when nothing can overlap it."""
+        chunk = rkeys[start : start + self._batch]
+
+        def fetch() -> list[Any]:
+            return self._link.run(lambda pipe: [pipe.get(k) for k in chunk])
+
+        if background:
+            return self._fetcher.submit(fetch)
+        done: Future[list[Any]] = Future()
+        try:
+            done.set_result(fetch())
+        except PoolUnavailable as exc:
+            done.set_exception(exc)
+        return done
+
+
+class _Partial(PoolUnavailable):
+    """The pool went away after ``served`` leading pages were read."""
+
+    def __init__(self, served: int) -> None:
+        super().__init__(f"pool lost after {served} pages")
+        self.served = served
