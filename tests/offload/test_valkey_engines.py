@@ -25,12 +25,17 @@ from typing import TYPE_CHECKING, Any
 REPO = Path(__file__).resolve().parents[2]
 
 if TYPE_CHECKING:
+    import pytest
+
     from radixcache import RadixCache
     from valkey_servers import ValkeyCluster, ValkeyServer
 
 
-def make_engine(url: str) -> RadixCache:
-    """A small tiered engine whose storage tier is the pool at ``url``."""
+def make_engine(url: str, monkeypatch: pytest.MonkeyPatch | None = None) -> RadixCache:
+    """A small tiered engine whose storage tier is the pool at ``url``.
+
+    In a test process pass ``monkeypatch``, so that the stand-in opener (see
+    the module docstring) is undone after the test."""
     import radixcache.tier_config as tier_config
     from radixcache import CacheConfig, RadixCache
     from radixcache.offload.host import HostPoolConfig
@@ -48,9 +53,13 @@ def make_engine(url: str) -> RadixCache:
     try:
         tiers = TierConfig(storage=url, **fields)  # type: ignore[arg-type]
     except TypeError:  # the tiers take only an LMDB config yet: open the pool in its place
-        tier_config.open_lmdb_storage = lambda _config, spec, fingerprint: open_backend(  # type: ignore[assignment]
-            url, spec, fingerprint
-        )
+        def opener(_config: object, spec: Any, fingerprint: Any) -> Any:
+            return open_backend(url, spec, fingerprint)
+
+        if monkeypatch is not None:
+            monkeypatch.setattr(tier_config, "open_lmdb_storage", opener)
+        else:  # an engine process of its own
+            tier_config.open_lmdb_storage = opener  # type: ignore[assignment]
         tiers = TierConfig(storage=StorageConfig(path=tempfile.mkdtemp()), **fields)
     return RadixCache(CacheConfig(spec=SPEC, device_pages=8, tiers=tiers))
 

@@ -102,7 +102,7 @@ def test_a_failed_pool_query_falls_back_to_the_index(caplog: pytest.LogCaptureFi
         lookup.close()
 
 
-def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, tmp_path: object) -> None:
+def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """An engine (the public RadixCache API) prefills a prompt through to the pool;
     the router's lookup, computing keys from tokens alone, finds every page."""
     import sys
@@ -114,7 +114,7 @@ def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, tmp
     from tests.radixcache.tierkit import P, prefill
 
     valkey_server.flush()
-    cache = make_engine(valkey_server.url)
+    cache = make_engine(valkey_server.url, monkeypatch)
     try:
         prompt = np.arange(500, 500 + 3 * P + 2, dtype=np.int32)
         cache.release(prefill(cache, prompt))
