@@ -288,3 +288,36 @@ def encode_head(
     # ... then the KV byte count and the checksum of the whole record
     _KV_BYTES.pack_into(out, _KV_BYTES_OFFSET, flat.size)
     _CRC.pack_into(out, _CRC_OFFSET, zlib.crc32(flat.data, zlib.crc32(memoryview(out)[_COVERED:])))
+
+
+def verify_parts(
+    head: bytes | memoryview,
+    kv: npt.NDArray[np.uint8],
+    *,
+    key: bytes,
+    ns_tag: bytes | None,
+    tokens: npt.NDArray[np.int32] | None,
+) -> bool:
+    """``read_into`` for a record already read in two parts, where they belong:
+    ``head`` (every byte before the KV bytes) and ``kv`` (the KV bytes, e.g.
+    received straight into a host page). Same checks, no copy."""
+    h = _header(head)
+    if h is None:
+        return False
+    _m, _v, flags, crc, count, kv_bytes, _seq, tag, _b, _p, _d, klen, ilen = h
+    t = 0 if tokens is None else int(tokens.size)
+    if bool(flags & FLAG_RAW) != (tokens is None) or count != t or kv_bytes != kv.size:
+        return False
+    if len(head) != head_size(klen, ilen, t) or klen != len(key):
+        return False
+    view = memoryview(head)
+    if view[HEADER.size : HEADER.size + klen] != key:
+        return False
+    if ns_tag is not None and tag != ns_tag:
+        return False
+    if tokens is not None and not np.array_equal(
+        np.frombuffer(head, dtype="<i4", count=t, offset=HEADER.size + klen + ilen),
+        tokens.reshape(-1),
+    ):
+        return False
+    return zlib.crc32(kv.reshape(-1).data, zlib.crc32(view[_COVERED:])) == crc

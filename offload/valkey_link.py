@@ -35,6 +35,7 @@ from redis.connection import Connection, PythonRespSerializer, SSLConnection
 from redis.retry import Retry
 
 from radixcache.offload.storage import StorageError
+from radixcache.offload.valkey_bulk import get_into
 from radixcache.offload.valkey_config import ValkeyConfig
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ _DOWN_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ClusterError,
     OSError,
 )
+
+
+_BULK_ERRORS: tuple[type[BaseException], ...] = (*_DOWN_ERRORS, ValueError)  # ValueError: a bad length
 
 
 class Scattered:
@@ -205,6 +209,21 @@ class PoolLink:
                 ) from None
             raise self._mark_down(exc) from None
         except _DOWN_ERRORS as exc:
+            raise self._mark_down(exc) from None
+        self.round_trips += 1
+        return out
+
+    def get_into(self, keys: list[bytes], kvs: list[memoryview]) -> list[bytes | None]:
+        """One pipeline of GETs whose values' last ``len(kvs[i])`` bytes land
+        straight in ``kvs[i]`` (offload/valkey_bulk.py). One server only.
+        Raises ``PoolUnavailable`` like ``run``."""
+        if not self.available():
+            raise PoolUnavailable(
+                f"pool {self.config.describe()} unavailable: {self._last_error}"
+            )
+        try:
+            out = get_into(self.client(), keys, kvs)
+        except _BULK_ERRORS as exc:
             raise self._mark_down(exc) from None
         self.round_trips += 1
         return out

@@ -2,8 +2,10 @@
 
     get --> reader pool (num_readers): per chunk of batch_pages keys, one
             pipelined GET (the next chunk's GET runs meanwhile on the fetch
-            pool); verify each record and copy its KV into the host page;
-            stop at the first miss or failed check
+            pool); on one server the KV bytes are received straight into the
+            host pages (offload/valkey_bulk.py), on a cluster copied there
+            from redis-py's replies; verify each record; stop at the first
+            miss or failed check
 
 A ticket always finishes: a pool that is down or times out ends the read with
 the pages served so far (a miss for the rest), counted; a record that fails
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,7 +24,7 @@ import numpy.typing as npt
 
 from radixcache.offload.storage import Counters, HostPages, PageBuffer, TokenPages
 from radixcache.offload.valkey_link import PoolLink, PoolUnavailable
-from radixcache.offload.valkey_records import verify_record
+from radixcache.offload.valkey_records import verify_in_place, verify_record
 from radixcache.offload.valkey_writer import DeleteJob, PoolWriter
 from radixcache.transfer.ticket import FutureTicket
 
@@ -40,8 +43,10 @@ class PoolReader:
         batch_pages: int,
         num_readers: int,
         key_cut: int,
+        direct: bool,
     ) -> None:
         self._cut = key_cut  # pool key[key_cut:] is the record key
+        self._direct = direct  # values straight into host pages (one server, not a cluster)
         self._link = link
         self._counters = counters
         self._writer = writer  # deletes records that fail verification
@@ -109,33 +114,49 @@ class PoolReader:
         dropped unread.
         """
         starts = list(range(0, len(rkeys), self._batch))
-        nxt = self._fetch_async(rkeys, starts[0], len(starts) > 1)
+        fetch = partial(self._fetch_async, rkeys, host_bytes, host_pages)
+        nxt = fetch(starts[0], len(starts) > 1)
         for k, start in enumerate(starts):
             try:
                 values = nxt.result()
             except PoolUnavailable as exc:
                 raise _Partial(start) from exc
             if k + 1 < len(starts):
-                nxt = self._fetch_async(rkeys, starts[k + 1], True)
+                nxt = fetch(starts[k + 1], True)
             for j, value in enumerate(values):
                 i = start + j
-                if not isinstance(value, bytes):  # gone (evicted, expired) or an error reply
+                if value is None:  # gone (evicted, expired)
                     return i, None
-                if not verify_record(
-                    value,
-                    key=rkeys[i][self._cut :],
-                    ns_tag=ns_tag,
-                    tokens=None if tokens is None else tokens[i],
-                    dst=host_bytes[host_pages[i]],
-                ):
+                dst = host_bytes[host_pages[i]]
+                key = rkeys[i][self._cut :]
+                tok = None if tokens is None else tokens[i]
+                if self._direct:  # the KV bytes are in the host page already
+                    ok = verify_in_place(value, dst, key=key, ns_tag=ns_tag, tokens=tok)
+                else:
+                    ok = isinstance(value, bytes) and verify_record(
+                        value, key=key, ns_tag=ns_tag, tokens=tok, dst=dst
+                    )
+                if not ok:
                     return i, i
         return len(rkeys), None
 
-    def _fetch_async(self, rkeys: list[bytes], start: int, background: bool) -> Future[list[Any]]:
-        """GET one chunk: on the fetch pool, or here when nothing can overlap it."""
+    def _fetch_async(
+        self,
+        rkeys: list[bytes],
+        host_bytes: npt.NDArray[np.uint8],
+        host_pages: HostPages,
+        start: int,
+        background: bool,
+    ) -> Future[list[Any]]:
+        """GET one chunk: on the fetch pool, or here when nothing can overlap it.
+        On one server the values' KV bytes go straight into their host pages
+        (offload/valkey_bulk.py) and the answers are the records' heads."""
         chunk = rkeys[start : start + self._batch]
 
         def fetch() -> list[Any]:
+            if self._direct:
+                pages = host_pages[start : start + len(chunk)]
+                return self._link.get_into(chunk, [host_bytes[p].data for p in pages])
             return self._link.run(lambda pipe: [pipe.get(k) for k in chunk])
 
         if background:

@@ -61,3 +61,15 @@ def verify_record(
 ) -> bool:
     """Verify a record read under ``key`` and copy its KV bytes into ``dst``."""
     return rec.read_into(value, key=key, ns_tag=ns_tag, tokens=tokens, dst=dst)
+
+
+def verify_in_place(
+    head: bytes,
+    kv: npt.NDArray[np.uint8],
+    *,
+    key: bytes,
+    ns_tag: bytes | None,
+    tokens: npt.NDArray[np.int32] | None,
+) -> bool:
+    """Verify a record read as ``head`` plus KV bytes already in the host page ``kv``."""
+    return rec.verify_parts(head, kv, key=key, ns_tag=ns_tag, tokens=tokens)

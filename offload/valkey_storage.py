@@ -130,6 +130,7 @@ class ValkeyStorage:
             batch_pages=config.batch_pages,
             num_readers=config.num_readers,
             key_cut=len(config.key_prefix),
+            direct=not config.cluster,
         )
         self._observer: KeyspaceObserver | None = None
         if config.observe_removals and flags is not None and notifications_cover_removals(flags):
