@@ -163,6 +163,18 @@ def test_a_corrupt_value_is_a_miss_counted_and_deleted(server: ValkeyServer, kit
     assert kit.done(pool.get(keys, tokens, dst, kit.ids(0, 1, 2, 3))) == 0
     kit.done(pool.delete([]))
     assert pool.stats().corrupt == 2
+    # another type under the key (an error reply), and a value longer than a record
+    keys, tokens, host = _fill(kit, pool, 4, salt=b"again", seed=1)
+    raw.delete(pool.pool_keys([keys[1]])[0])
+    raw.sadd(pool.pool_keys([keys[1]])[0], b"member")
+    assert kit.done(pool.get(keys, tokens, dst, kit.ids(0, 1, 2, 3))) == 1
+    raw.set(pool.pool_keys([keys[2]])[0], bytes(3 * kit.spec.page_bytes))
+    assert kit.done(pool.get(keys[2:], tokens[2:], dst, kit.ids(2, 3))) == 0
+    kit.done(pool.delete([]))
+    assert pool.stats().corrupt == 4
+    # the connections are still in step: the last page reads back exactly
+    assert kit.done(pool.get(keys[3:], tokens[3:], dst, kit.ids(3))) == 1
+    assert np.array_equal(dst.as_bytes()[3], host.as_bytes()[3])
 
 
 def test_a_value_written_for_another_model_or_key_is_refused(server: ValkeyServer, kit: PoolKit) -> None:
