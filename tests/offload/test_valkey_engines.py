@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parents[2]
 
-if TYPE_CHECKING:
-    import pytest
+import pytest
 
+if TYPE_CHECKING:
     from radixcache import RadixCache
     from valkey_servers import ValkeyCluster, ValkeyServer
 
@@ -124,3 +124,29 @@ def test_a_prompt_prefilled_on_engine_a_is_served_on_engine_b(
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     print(json.dumps([run_engine(sys.argv[1], url) for url in sys.argv[2:]]))
+
+
+def test_an_engine_whose_pool_is_down_recomputes_and_never_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine itself (in this process) on a pool that is not there: every
+    request is computed, KV is right, the failures are counted, nothing raises."""
+    import numpy as np
+    from valkey_servers import free_port
+
+    from tests.radixcache.tierkit import P, assert_kv_correct, prefill
+
+    cache = make_engine(f"valkey://127.0.0.1:{free_port()}/0", monkeypatch)
+    try:
+        prompt = np.arange(7, 7 + 2 * P + 1, dtype=np.int32)
+        cache.release(prefill(cache, prompt))
+        cache.drain()
+        cache.evict(8)  # the whole device pool: only host copies are left
+        again = prefill(cache, np.concatenate([prompt, prompt]))
+        assert_kv_correct(cache, again)
+        cache.release(again)
+        cache.drain()
+        cache.check_integrity()
+        tiers = cache.tier_stats()
+        assert tiers is not None and tiers.storage is not None
+        assert tiers.storage.failed_ops >= 1 and tiers.storage.hits == 0
+    finally:
+        cache.close()
