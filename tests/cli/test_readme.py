@@ -70,6 +70,9 @@ SMALL_DEMOS = [
 SWEEP = (f"radixcache replay {TRACE} --sweep 1024,2048,4096,8192,16384,32768,65536 "
          "--out docs/replay_mooncake")
 PLOT = importlib.util.find_spec("matplotlib") is not None
+ENGINE_SGLANG = next(  # the SGLang launch line of "Inside vLLM and SGLang"
+    (line.strip() for line in README.splitlines()
+     if line.startswith("    python -m sglang.launch_server")), "python -m sglang.launch_server")
 
 RUNS: dict[str, Run] = {
     "pip install torch==2.13.0 && pip install -e . && radixcache demo": Run(
@@ -95,6 +98,14 @@ RUNS: dict[str, Run] = {
                                            "as written"),
     "python examples/router.py": Run((sys.executable, "examples/router.py"), "as written"),
     "pip install 'radixcache[plot]'": Run(None, "an install hint (matplotlib), not run"),
+    # Inside vLLM and SGLang (tests/integrations/test_readme_engines.py checks these)
+    "pip install -e '.[vllm,sglang]'": Run(None, ".ci/install-engines runs it"),
+    "pip install --no-deps vllm==0.33.0 sglang==0.5.23": Run(
+        None, ".ci/install-engines runs it"),
+    ENGINE_SGLANG: Run(None, "needs a GPU and a model; its extra-config JSON builds the "
+                       "backend through SGLang's factory in test_readme_engines.py"),
+    "python -m radixcache.cli.bench.engines": Run(
+        None, "test_readme_engines.py runs it on 2 MiB (needs vLLM and SGLang)"),
     "pip install 'radixcache[metrics]'": Run(
         None, "an install hint; .ci/run installs prometheus-client with '.[test]'"),
 }

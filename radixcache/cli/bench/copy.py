@@ -105,7 +105,7 @@ def _report(
     seconds: dict[str, float], nbytes: int, baseline: str, target: float
 ) -> dict[str, object]:
     gbps = {name: nbytes / s / 1e9 for name, s in seconds.items()}
-    out: dict[str, object] = {f"{name}_gbps": round(v, 2) for name, v in gbps.items()}
+    out: dict[str, object] = {f"{name}_gbps": float(f"{v:.3g}") for name, v in gbps.items()}
     ratios = {name: gbps[name] / gbps[baseline] for name in gbps if name != baseline}
     out.update({f"{name}_ratio": round(r, 3) for name, r in ratios.items()})
     out["target_ratio"] = target
@@ -196,7 +196,7 @@ def _bench_cuda(
         gbps["device_to_host"] / gbps["plain_d2h"],
         gbps["host_to_device"] / gbps["plain_h2d"],
     )
-    out: dict[str, object] = {f"{name}_gbps": round(v, 2) for name, v in gbps.items()}
+    out: dict[str, object] = {f"{name}_gbps": float(f"{v:.3g}") for name, v in gbps.items()}
     out.update(
         device_to_host_ratio=round(d2h, 3),
         host_to_device_ratio=round(h2d, 3),

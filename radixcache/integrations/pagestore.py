@@ -1,0 +1,307 @@
+"""A raw page store for serving engines: the engine's own key -> one page of bytes.
+
+vLLM and SGLang key their KV pages themselves (a 36-byte block hash, a 64-hex
+SHA-256 chain) and hand over page bytes, never token ids. ``PageStore`` puts
+those pages into radixcache storage as raw records (``radixcache.offload.record``,
+flag ``raw``): every record carries the full key it was written under and a
+crc32 of its bytes, and its key is bound to a ``ModelFingerprint`` built from
+the engine, the model and the page format, so a read that returns True
+returned exactly the bytes written under that key for that model, and nothing
+else (a copied, truncated or flipped record is a miss and is deleted).
+
+Pages move between the store and a caller-owned buffer of fixed-size chunks
+(``RawPages``: a memoryview, array or tensor, or a raw pointer and size)::
+
+    engine buffer  [chunk 0][chunk 1][chunk 2] ...      one chunk = page_bytes
+         put(keys, pages, slots):  chunk slots[i] -> record of keys[i]
+         get(keys, pages, slots):  record of keys[i] -> chunk slots[i]
+
+Both return a ``PageTicket`` at once; the bytes move on the backend's threads.
+The caller must leave the named chunks alone until the ticket is done.
+
+Threads: every method may be called from any thread. Submissions to the
+backend are serialized by one lock (the backend's contract is one caller at a
+time); waiting on a ticket happens outside it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.storage import MAX_KEY_BYTES, ModelFingerprint, Storage, StorageStats
+from radixcache.transfer.layout import KVSpec
+from radixcache.transfer.ticket import Ticket
+
+BACKENDS = ("lmdb",)  # storage backends a PageStore can open
+
+Slots = Sequence[int] | npt.NDArray[np.integer[Any]]  # chunk index per key
+
+
+class RawPages:
+    """A caller-owned buffer of ``num_pages`` chunks of ``page_bytes`` bytes each,
+    seen as ``uint8[num_pages, page_bytes]`` without copying (a ``PageBuffer``).
+
+    The caller owns the memory and keeps it alive while any ticket that names
+    its chunks is running.
+    """
+
+    __slots__ = ("_pages", "num_pages")
+
+    def __init__(self, buffer: Any, page_bytes: int) -> None:
+        """``buffer``: anything with the buffer protocol (memoryview, bytearray,
+        numpy array) or a CPU ``torch.Tensor``; C-contiguous, a whole number of
+        pages long."""
+        if not isinstance(page_bytes, int) or isinstance(page_bytes, bool) or page_bytes <= 0:
+            raise ValueError(f"page_bytes must be a positive int, got {page_bytes!r}")
+        if isinstance(buffer, torch.Tensor):
+            if buffer.device.type != "cpu":
+                raise ValueError(f"the page buffer must be in host memory, got {buffer.device}")
+            buffer = buffer.detach().numpy()
+        array = np.asarray(buffer)
+        if not array.flags.c_contiguous:
+            raise ValueError("the page buffer must be C-contiguous (one chunk after another)")
+        flat = array.reshape(-1).view(np.uint8)
+        if flat.size == 0 or flat.size % page_bytes:
+            raise ValueError(
+                f"the page buffer holds {flat.size} B: not a positive multiple of "
+                f"page_bytes={page_bytes}"
+            )
+        self._pages = flat.reshape(-1, page_bytes)
+        self.num_pages = int(self._pages.shape[0])
+
+    @classmethod
+    def from_pointer(cls, address: int, nbytes: int, page_bytes: int) -> RawPages:
+        """Wrap ``nbytes`` of host memory at ``address`` (the caller keeps it alive)."""
+        if not isinstance(address, int) or address <= 0:
+            raise ValueError(f"address must be a positive int, got {address!r}")
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+        memory = (ctypes.c_uint8 * nbytes).from_address(address)
+        return cls(np.frombuffer(memoryview(memory).cast("B"), dtype=np.uint8), page_bytes)
+
+    @property
+    def page_bytes(self) -> int:
+        return int(self._pages.shape[1])
+
+    def as_bytes(self) -> npt.NDArray[np.uint8]:
+        return self._pages
+
+
+class PageTicket:
+    """The handle of one put or get: per-key success once done.
+
+    The backend serves the LEADING keys of a call: keys ``[:n]`` succeeded and
+    the rest did not (a miss, a failed check, no room, or an error).
+    """
+
+    __slots__ = ("_n", "_ticket")
+
+    def __init__(self, ticket: Ticket, num_keys: int) -> None:
+        self._ticket = ticket  # the backend's ticket; result: leading keys served
+        self._n = num_keys
+
+    def done(self) -> bool:
+        return self._ticket.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._ticket.wait(timeout)
+
+    @property
+    def error(self) -> BaseException | None:
+        """The storage error the call failed with (every key then failed), or None."""
+        return self._ticket.error
+
+    def count(self) -> int:
+        """How many leading keys succeeded (0 on an error). Call once done."""
+        if not self._ticket.done():
+            raise RuntimeError("ticket is not done yet; call wait() first")
+        if self._ticket.error is not None:
+            return 0
+        return int(self._ticket.result())
+
+    def results(self) -> list[bool]:
+        """One bool per key, in call order. Call once done."""
+        n = self.count()
+        return [True] * n + [False] * (self._n - n)
+
+
+@dataclass(frozen=True, slots=True)
+class PageStoreConfig:
+    """Where and for whom a ``PageStore`` keeps pages. Validated on construction.
+
+    ``engine``, ``model`` and ``layout`` (the engine's own description of its
+    page format: KV dtype, tokens per page, layout, parallelism) and
+    ``tp_rank`` make up the fingerprint every key is bound to: change any of
+    them and earlier pages are never hits.
+    """
+
+    path: str | os.PathLike[str]  # store directory (LMDB), created if missing
+    page_bytes: int  # bytes of one page (one engine chunk)
+    engine: str  # "vllm", "sglang", ...
+    model: str  # model name or path
+    layout: str  # page format, e.g. "kv_dtype=bfloat16;page_size=64;layout=page_first"
+    tp_rank: int = 0  # tensor-parallel rank whose pages these are
+    capacity_bytes: int = 64 << 30  # limit on stored bytes (least recently used evicted)
+    durability: str = "safe"  # "safe" or "fast" (see offload/lmdb_storage.py)
+    num_readers: int = 2  # reader threads
+    backend: str = "lmdb"  # one of BACKENDS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.page_bytes, int) or self.page_bytes <= 0 or self.page_bytes % 2:
+            raise ValueError(f"page_bytes must be a positive even int, got {self.page_bytes!r}")
+        for name in ("engine", "model", "layout"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty str, got {value!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+
+    def fingerprint(self) -> ModelFingerprint:
+        spec = raw_spec(self.page_bytes)
+        model_id = f"{self.engine}:{self.model}:{self.layout}"
+        return ModelFingerprint(model_id=model_id, spec=spec.describe(), tp_rank=self.tp_rank)
+
+
+def raw_spec(page_bytes: int) -> KVSpec:
+    """The storage geometry of opaque pages of ``page_bytes`` bytes (one byte
+    per element; the real format is in the fingerprint's model id)."""
+    return KVSpec(num_layers=1, num_kv_heads=1, head_dim=page_bytes // 2, dtype=torch.uint8,
+                  page_size=1)
+
+
+class PageStore:
+    """Raw pages under engine keys, in one storage backend (see the module docstring)."""
+
+    def __init__(
+        self, config: PageStoreConfig, namespace: bytes = b"", storage: Storage | None = None
+    ) -> None:
+        """Opens the LMDB store ``config`` names, or takes over ``storage``: a
+        backend already opened with ``raw_spec(config.page_bytes)`` and
+        ``config.fingerprint()`` (e.g. a shared pool), which ``close`` closes."""
+        self.config = config
+        self.page_bytes = config.page_bytes
+        self._namespace = b"raw:" + config.engine.encode() + b":" + namespace
+        self._lock = threading.Lock()  # one submitter at a time (the backend's contract)
+        if storage is not None:
+            self._storage: Storage = storage
+            return
+        self._storage = LmdbStorage(
+            StorageConfig(
+                path=config.path,
+                capacity_bytes=config.capacity_bytes,
+                durability=config.durability,
+                num_readers=config.num_readers,
+            ),
+            raw_spec(config.page_bytes),
+            config.fingerprint(),
+        )
+
+    # -- lookups (synchronous, from the in-memory index) ------------------------
+    def leading(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are stored (no bytes read or verified)."""
+        checked = _keys(keys)
+        with self._lock:
+            return self._storage.longest_prefix(checked)
+
+    def contains(self, key: bytes) -> bool:
+        return self.leading([key]) == 1
+
+    # -- page traffic (non-blocking) ---------------------------------------------
+    def put(self, keys: Sequence[bytes], pages: RawPages, slots: Slots) -> PageTicket:
+        """Store chunk ``slots[i]`` of ``pages`` as the page of ``keys[i]``.
+
+        A key already stored is kept (not rewritten) and counts as stored.
+        The chunks are read later on the backend's writer thread.
+        """
+        checked, ids = _keys(keys), self._slots(slots, len(keys), pages)
+        with self._lock:
+            ticket = self._storage.put(checked, None, pages, ids, self._namespace)
+        return PageTicket(ticket, len(checked))
+
+    def get(self, keys: Sequence[bytes], pages: RawPages, slots: Slots) -> PageTicket:
+        """Read the page of ``keys[i]`` into chunk ``slots[i]`` of ``pages``.
+
+        Reading stops at the first key that is missing or fails verification
+        (that record is deleted; its key shows up in ``take_removed``). Chunks
+        of keys that did not succeed are unspecified afterwards.
+        """
+        if not pages.as_bytes().flags.writeable:
+            raise ValueError("get() needs a writable page buffer; this one is read-only")
+        checked, ids = _keys(keys), self._slots(slots, len(keys), pages)
+        with self._lock:
+            ticket = self._storage.get(checked, None, pages, ids, self._namespace)
+        return PageTicket(ticket, len(checked))
+
+    def delete(self, keys: Sequence[bytes]) -> Ticket:
+        """Remove the pages of ``keys``; the ticket's result: how many existed."""
+        checked = _keys(keys)
+        with self._lock:
+            return self._storage.delete(checked)
+
+    def clear(self) -> Ticket:
+        """Remove every page this store's engine namespace holds."""
+        with self._lock:
+            return self._storage.forget_namespace(self._namespace)
+
+    # -- what changed, what is there ----------------------------------------------
+    def take_removed(self) -> list[bytes]:
+        """Keys removed (evicted, corrupt, deleted) since the last call, in order.
+
+        A key appears only after the put that stored it finished: a caller that
+        takes removals first and then harvests its finished puts sees every
+        key's store before its removal.
+        """
+        with self._lock:
+            return self._storage.take_removed()
+
+    def stored_keys(self) -> list[bytes]:
+        """Every key stored for this fingerprint (a snapshot of record headers)."""
+        with self._lock:
+            return [meta.key for meta in self._storage.scan() if meta.raw]
+
+    def stats(self) -> StorageStats:
+        return self._storage.stats()
+
+    def close(self) -> None:
+        """Finish every queued write and ticket, then release the store. Idempotent."""
+        with self._lock:
+            self._storage.close()
+
+    def _slots(self, slots: Slots, n: int, pages: RawPages) -> npt.NDArray[np.int32]:
+        if not isinstance(pages, RawPages):
+            raise TypeError(f"pages must be RawPages, got {type(pages).__name__}")
+        if pages.page_bytes != self.page_bytes:
+            raise ValueError(
+                f"the buffer's chunks are {pages.page_bytes} B; this store's pages are "
+                f"{self.page_bytes} B"
+            )
+        ids = np.asarray(slots, dtype=np.int64).reshape(-1)
+        if ids.size != n:
+            raise ValueError(f"{ids.size} slots for {n} keys")
+        if n and (int(ids.min()) < 0 or int(ids.max()) >= pages.num_pages):
+            raise ValueError(
+                f"slots must lie in [0, {pages.num_pages}): min {ids.min()}, max {ids.max()}"
+            )
+        return ids.astype(np.int32)
+
+
+def _keys(keys: Sequence[bytes]) -> list[bytes]:
+    out = []
+    for i, key in enumerate(keys):
+        if not isinstance(key, (bytes, bytearray, memoryview)):
+            raise TypeError(f"key {i} must be bytes, got {type(key).__name__}")
+        key = bytes(key)
+        if not 0 < len(key) <= MAX_KEY_BYTES:
+            raise ValueError(f"key {i} has {len(key)} bytes; keys are 1 to {MAX_KEY_BYTES} bytes")
+        out.append(key)
+    return out
