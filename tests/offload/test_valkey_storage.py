@@ -152,3 +152,19 @@ def test_bad_calls_raise_clear_errors(pool_kit: PoolKit) -> None:
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.longest_prefix(pool_kit.keys(1))
+
+
+def test_raw_pages_with_engine_keys_round_trip(pool_kit: PoolKit) -> None:
+    """Raw pages (tokens None; keys of 1 to 256 bytes, as serving engines key them)."""
+    pool = pool_kit.pool()
+    host = pool_kit.host(8, seed=11)
+    keys = [b"k", b"engine-block-" + bytes(range(40)), bytes(256)]
+    assert pool_kit.done(pool.put(keys, None, host, pool_kit.ids(5, 6, 7), b"raw-ns")) == 3
+    assert pool.longest_prefix(keys) == 3
+    dst = pool_kit.host(8, seed=12)
+    assert pool_kit.done(pool.get(keys, None, dst, pool_kit.ids(0, 1, 2), namespace=b"raw-ns")) == 3
+    assert np.array_equal(dst.as_bytes()[:3], host.as_bytes()[5:8])
+    # a raw record is never served as a token page (and the other way round)
+    assert pool_kit.done(pool.get(keys[:1], pool_kit.tokens(1), dst, pool_kit.ids(0))) == 0
+    with pytest.raises(ValueError, match="1 to 256"):
+        pool.put([bytes(257)], None, host, pool_kit.ids(0), b"raw-ns")
