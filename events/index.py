@@ -23,8 +23,9 @@ Not thread safe: see ``EventSubscriber.lock`` for the threaded subscriber.
 from __future__ import annotations
 
 import hashlib
+import logging
 from array import array
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
@@ -40,7 +41,11 @@ from radixcache.events.types import (
     Medium,
 )
 
+log = logging.getLogger(__name__)
+
 WorkerId = Hashable  # whatever the router names its workers by
+# (tokens, block_size, lora_id, lora_name) -> leading blocks a shared pool holds; None: unknown
+PoolLookupFn = Callable[[Sequence[int], int, "int | None", "str | None"], "int | None"]
 W = TypeVar("W", bound=Hashable)  # the caller's own worker-id type, kept in answers
 
 _BIT: dict[str | None, int] = {GPU: 1, CPU_PINNED: 2, DISK: 4, None: 1}  # None means GPU
@@ -60,6 +65,10 @@ class IndexConfig:
     ``cost = request_blocks - (w_gpu * gpu + w_host * (host - gpu)
     + w_disk * (disk - host)) + w_load * load``; lower is better. A block is
     worth more the faster its tier, so ``w_gpu >= w_host >= w_disk >= 0``.
+    With a shared pool (``KvIndex(pool_lookup=...)``), the pool's leading
+    blocks past a worker's host overlap are worth ``w_pool`` each (the
+    larger of ``w_pool`` and ``w_disk`` where the worker's disk has them too):
+    Dynamo's ``hits_beyond(overlap) * shared_cache_multiplier``.
     """
 
     block_size: int = 16  # tokens per block when a query names none
@@ -67,6 +76,7 @@ class IndexConfig:
     w_host: float = 0.75  # ... one that must be loaded back from host memory
     w_disk: float = 0.4  # ... one that must be read from disk first
     w_load: float = 1.0  # cost of one unit of the caller's load figure
+    w_pool: float = 0.5  # value of a leading block any worker can fetch from a shared pool
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -76,6 +86,8 @@ class IndexConfig:
                 f"weights must satisfy w_gpu >= w_host >= w_disk >= 0 and w_load >= 0, got "
                 f"{self.w_gpu}, {self.w_host}, {self.w_disk}, {self.w_load}"
             )
+        if not 0 <= self.w_pool <= self.w_gpu:
+            raise ValueError(f"w_pool must lie in [0, w_gpu={self.w_gpu}], got {self.w_pool}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +113,7 @@ class RoutingDecision(Generic[W]):
     request_blocks: int  # full blocks in the request
     overlaps: dict[W, TierOverlap]  # every candidate's overlap
     costs: dict[W, float]  # every candidate's cost
+    pool_blocks: int | None = None  # leading blocks the shared pool holds (None: not asked / failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +138,11 @@ class _Worker:
 class KvIndex:
     """Per worker and medium, which blocks are resident; answers prefix queries."""
 
-    def __init__(self, config: IndexConfig | None = None) -> None:
+    def __init__(
+        self, config: IndexConfig | None = None, pool_lookup: PoolLookupFn | None = None
+    ) -> None:
         self.config = config or IndexConfig()
+        self._pool_lookup = pool_lookup  # asked by choose(); see _pool_blocks
         self._workers: dict[WorkerId, _Worker] = {}
         self._holders: dict[bytes, dict[WorkerId, int]] = {}  # local -> {worker: media bits}
         self._ns_cache: dict[tuple[int | None, str | None], bytes] = {}
@@ -357,12 +373,31 @@ class KvIndex:
         bs = block_size or cfg.block_size
         request_blocks = len(tokens) // bs
         overlaps = self.overlap(tokens, block_size=bs, lora_id=lora_id, lora_name=lora_name, workers=loads)
+        pool = self._pool_blocks(tokens, bs, lora_id, lora_name)
         costs: dict[W, float] = {}
         for w, o in overlaps.items():
             cached = cfg.w_gpu * o.gpu + cfg.w_host * (o.host - o.gpu) + cfg.w_disk * (o.disk - o.host)
+            if pool:  # blocks past the worker's host overlap: each worth its best tier
+                both = max(0, min(pool, o.disk) - o.host)  # on its disk and in the pool
+                cached += max(0.0, cfg.w_pool - cfg.w_disk) * both
+                cached += cfg.w_pool * max(0, pool - max(o.disk, o.host))  # only in the pool
             costs[w] = request_blocks - cached + cfg.w_load * loads[w]
         best = min(costs, key=costs.__getitem__)  # first minimum: ties keep the loads' order
-        return RoutingDecision(best, costs[best], request_blocks, overlaps, costs)
+        return RoutingDecision(best, costs[best], request_blocks, overlaps, costs, pool)
+
+    def _pool_blocks(
+        self, tokens: Sequence[int], bs: int, lora_id: int | None, lora_name: str | None
+    ) -> int | None:
+        """Leading blocks the shared pool holds (any worker can fetch them);
+        None without a pool lookup or when it fails (index-only scoring)."""
+        if self._pool_lookup is None:
+            return None
+        try:
+            hits = self._pool_lookup(tokens, bs, lora_id, lora_name)
+        except Exception as exc:  # the pool is advisory: never fail a routing decision
+            log.warning("shared pool query failed (%r); routing on the index alone", exc)
+            return None
+        return None if hits is None else min(max(int(hits), 0), len(tokens) // bs)
 
     # ------------------------------------------------------------------ inspection
 

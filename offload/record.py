@@ -55,6 +55,8 @@ FLAG_RAW = 1  # no token ids: a page keyed by the engine itself
 HEADER = struct.Struct("<4sHHIIQQ16sqqIHH")  # see the table above; 72 bytes
 _CRC = struct.Struct("<I")
 _CRC_OFFSET = 8  # where the crc32 field sits
+_KV_BYTES = struct.Struct("<Q")
+_KV_BYTES_OFFSET = 16  # where the KV byte count sits
 _COVERED = 12  # the crc covers value[_COVERED:]
 FINGERPRINT_BYTES = 8  # the key prefix of every record of one fingerprint
 NS_TAG_BYTES = 16
@@ -247,3 +249,75 @@ def page_record_size(page_size: int, page_bytes: int, info_len: int = 0) -> int:
     """Bytes of the record of one tree page (a 16-byte page key under the
     fingerprint prefix, ``page_size`` token ids), for capacity planning."""
     return record_size(FINGERPRINT_BYTES + 16, info_len, page_size, page_bytes)
+
+
+def head_size(key_len: int, info_len: int, num_tokens: int) -> int:
+    """Bytes of a record before its KV bytes (header, key, info, token ids)."""
+    return HEADER.size + key_len + info_len + 4 * num_tokens
+
+
+def encode_head(
+    out: bytearray | memoryview,
+    *,
+    key: bytes,
+    ns_tag: bytes,
+    tokens: npt.NDArray[np.int32] | None,
+    kv: npt.NDArray[np.uint8],
+    seq: int,
+    block_id: int | None = None,
+    parent_block_id: int | None = None,
+    depth: int = 0,
+    info: bytes = b"",
+) -> None:
+    """Write everything of ``kv``'s record but the KV bytes into ``out``
+    (exactly ``head_size`` bytes): the record is ``out`` followed by ``kv``,
+    byte for byte what ``encode_into`` writes. For writers that send the two
+    parts without joining them (no copy of the KV bytes); ``kv`` is read for
+    the checksum only."""
+    t = 0 if tokens is None else int(tokens.size)
+    if len(out) != head_size(len(key), len(info), t):
+        raise ValueError(
+            f"record head buffer of {len(out)} B for a head of {head_size(len(key), len(info), t)} B"
+        )
+    flat = kv.reshape(-1)
+    whole = np.empty(0, dtype=np.uint8)  # encode_into's checks and layout, on a zero-KV record ...
+    encode_into(
+        out, key=key, ns_tag=ns_tag, tokens=tokens, kv=whole, seq=seq, block_id=block_id,
+        parent_block_id=parent_block_id, depth=depth, info=info,
+    )  # fmt: skip
+    # ... then the KV byte count and the checksum of the whole record
+    _KV_BYTES.pack_into(out, _KV_BYTES_OFFSET, flat.size)
+    _CRC.pack_into(out, _CRC_OFFSET, zlib.crc32(flat.data, zlib.crc32(memoryview(out)[_COVERED:])))
+
+
+def verify_parts(
+    head: bytes | memoryview,
+    kv: npt.NDArray[np.uint8],
+    *,
+    key: bytes,
+    ns_tag: bytes | None,
+    tokens: npt.NDArray[np.int32] | None,
+) -> bool:
+    """``read_into`` for a record already read in two parts, where they belong:
+    ``head`` (every byte before the KV bytes) and ``kv`` (the KV bytes, e.g.
+    received straight into a host page). Same checks, no copy."""
+    h = _header(head)
+    if h is None:
+        return False
+    _m, _v, flags, crc, count, kv_bytes, _seq, tag, _b, _p, _d, klen, ilen = h
+    t = 0 if tokens is None else int(tokens.size)
+    if bool(flags & FLAG_RAW) != (tokens is None) or count != t or kv_bytes != kv.size:
+        return False
+    if len(head) != head_size(klen, ilen, t) or klen != len(key):
+        return False
+    view = memoryview(head)
+    if view[HEADER.size : HEADER.size + klen] != key:
+        return False
+    if ns_tag is not None and tag != ns_tag:
+        return False
+    if tokens is not None and not np.array_equal(
+        np.frombuffer(head, dtype="<i4", count=t, offset=HEADER.size + klen + ilen),
+        tokens.reshape(-1),
+    ):
+        return False
+    return zlib.crc32(kv.reshape(-1).data, zlib.crc32(view[_COVERED:])) == crc

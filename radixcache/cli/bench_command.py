@@ -13,6 +13,7 @@ BENCHMARKS = {
     "copy": "the copy engine against a plain copy of the same bytes",
     "storage": "the LMDB tier against plain files",
     "events": "the event stream: encode, send over loopback, decode",
+    "pool": "the Valkey pool backend against the raw client (the valkey extra)",
 }
 
 

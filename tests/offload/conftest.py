@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +90,91 @@ def kit(tmp_path: Path) -> Iterator[StoreKit]:
     k = StoreKit(tmp_path)
     yield k
     k.close_all()
+
+
+# -- the shared pool on real Valkey servers (tests/offload/valkey_servers.py) ------------
+from radixcache.offload.valkey_config import ValkeyConfig  # noqa: E402
+from radixcache.offload.valkey_storage import ValkeyStorage  # noqa: E402
+
+from valkey_servers import ValkeyCluster, ValkeyServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[ValkeyServer]:
+    """One server for the session (256 MiB, volatile-lru, removal notifications)."""
+    server = ValkeyServer(maxmemory=256 << 20)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[ValkeyCluster]:
+    """A 3-node cluster for the session."""
+    cluster = ValkeyCluster()
+    yield cluster
+    cluster.stop()
+
+
+class PoolKit(StoreKit):
+    """Opens ``ValkeyStorage`` on one pool (emptied first) and closes them at teardown."""
+
+    def __init__(self, root: Path, url: str) -> None:
+        super().__init__(root)
+        self.url = url
+        self._pools: list[ValkeyStorage] = []
+
+    def config(self, **overrides: Any) -> ValkeyConfig:
+        overrides.setdefault("socket_timeout_s", 0.5)
+        overrides.setdefault("retry_after_s", 0.2)
+        return ValkeyConfig.from_url(self.url, **overrides)
+
+    def pool(
+        self, fingerprint: ModelFingerprint | None = None, url: str | None = None, **overrides: Any
+    ) -> ValkeyStorage:
+        config = ValkeyConfig.from_url(url, **overrides) if url else self.config(**overrides)
+        store = ValkeyStorage(config, self.spec, fingerprint or self.fingerprint)
+        self._pools.append(store)
+        return store
+
+    def close_all(self) -> None:
+        for store in self._pools:
+            store.close()
+        super().close_all()
+
+
+@pytest.fixture(params=["single", "cluster"])
+def pool_kit(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[PoolKit]:
+    """A ``PoolKit`` on the session's single server, then on its cluster (both emptied)."""
+    servers = request.getfixturevalue(
+        "valkey_server" if request.param == "single" else "valkey_cluster"
+    )
+    servers.flush()
+    kit = PoolKit(tmp_path, servers.url)
+    yield kit
+    kit.close_all()
+
+
+@pytest.fixture
+def pool_kit_at(tmp_path: Path) -> Iterator[Callable[[str], PoolKit]]:
+    """Makes ``PoolKit`` on any pool URL (e.g. a test's own server); closes them at teardown."""
+    kits: list[PoolKit] = []
+
+    def make(url: str) -> PoolKit:
+        kit = PoolKit(tmp_path / f"kit{len(kits)}", url)
+        kits.append(kit)
+        return kit
+
+    yield make
+    for kit in kits:
+        kit.close_all()
+
+
+@pytest.fixture
+def single_kit(valkey_server: ValkeyServer, tmp_path: Path) -> Iterator[PoolKit]:
+    """A ``PoolKit`` on the session's single server (emptied)."""
+    valkey_server.flush()
+    kit = PoolKit(tmp_path, valkey_server.url)
+    yield kit
+    kit.close_all()
