@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 from radixcache.offload.controller import LatencyHistogram
 from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_open import StorageOpening, open_lmdb_storage
+from radixcache.offload.lmdb_open import StorageOpening
 from radixcache.offload.lmdb_storage import StorageConfig
+from radixcache.offload.storage_url import StorageTarget, open_backend, storage_config
+from radixcache.offload.valkey_config import ValkeyConfig
 from radixcache.offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
 from radixcache.offload.storage import ModelFingerprint, NullStorage, StorageStats
 from radixcache.transfer import KVSpec
@@ -23,15 +25,18 @@ class TierConfig:
     prefetch_policy: str = "best_effort"  # best_effort, wait_complete, timeout
     prefetch_base_s: float = 0.002  # timeout policy: fixed wait per request
     prefetch_per_token_s: float = 2e-7  # timeout policy: extra wait per token in flight
-    storage: StorageConfig | None = None  # None: no storage tier
+    # None: no storage tier; an LMDB StorageConfig, a ValkeyConfig, or a URL /
+    # directory (``lmdb:///DIR``, ``DIR``, ``valkey://HOST:PORT/DB[?cluster=true]``),
+    # parsed here into one of the two (the password never appears in the repr)
+    storage: StorageTarget = None
     model_id: str = "radixcache-model"  # part of the storage fingerprint
     tp_rank: int = 0  # part of the storage fingerprint
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, HostPoolConfig):
             raise TypeError(f"host must be a HostPoolConfig, got {type(self.host).__name__}")
-        if self.storage is not None and not isinstance(self.storage, StorageConfig):
-            raise TypeError(f"storage must be a StorageConfig, got {type(self.storage).__name__}")
+        target: StorageTarget = self.storage
+        object.__setattr__(self, "storage", storage_config(target))
         self.write()
         self.prefetch()
 
@@ -86,8 +91,9 @@ class TierStats:
 
 def open_storage(config: TierConfig, spec: KVSpec) -> StorageOpening:
     """The storage tier ``config`` asks for: LMDB (recovered or disabled when
-    it cannot be opened, see offload/lmdb_open.py), or ``NullStorage``."""
+    it cannot be opened, see offload/lmdb_open.py), a Valkey pool, or
+    ``NullStorage``."""
     if config.storage is None:
         return StorageOpening(NullStorage(), "disabled")
     fingerprint = ModelFingerprint(config.model_id, spec.describe(), config.tp_rank)
-    return open_lmdb_storage(config.storage, spec, fingerprint)
+    return open_backend(config.storage, spec, fingerprint)

@@ -3,13 +3,17 @@ read under; raw pages (engine keys, no token ids); event metadata for scan()."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import lmdb
 import numpy as np
 import pytest
-from conftest import StoreKit
 
 from radixcache.offload import record as rec
 from radixcache.offload.storage import PutMeta
+
+if TYPE_CHECKING:
+    from conftest import StoreKit
 
 
 def _copy_record(store_path: str, src: bytes, dst: bytes) -> None:

@@ -104,3 +104,19 @@ def test_open_backend_opens_each_backend(single_kit: PoolKit, tmp_path: Path) ->
         assert stats.removals_observed and stats.policy == "volatile-lru" and stats.maxmemory == 256 << 20
     finally:
         pool.close()
+
+
+def test_tier_config_takes_a_storage_url_and_keeps_the_password_out(tmp_path: Path) -> None:
+    from radixcache.offload.lmdb_storage import StorageConfig
+    from radixcache.offload.valkey_config import ValkeyConfig
+    from radixcache.tier_config import TierConfig
+
+    pool = TierConfig(storage="valkey://alice:hunter2@127.0.0.1:6399/0?cluster=true")
+    assert isinstance(pool.storage, ValkeyConfig)
+    assert "hunter2" not in repr(pool) and "hunter2" not in str(pool.storage)
+    disk = TierConfig(storage=str(tmp_path / "kv"))
+    assert isinstance(disk.storage, StorageConfig) and str(disk.storage.path) == str(tmp_path / "kv")
+    assert TierConfig().storage is None
+    with pytest.raises(ValueError) as bad:
+        TierConfig(storage="memcached://bob:hunter2@127.0.0.1:1")
+    assert "memcached" in str(bad.value) and "hunter2" not in str(bad.value)

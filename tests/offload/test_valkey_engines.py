@@ -7,9 +7,8 @@ A exited, admits the same prompt: the pages come from the pool (a storage
 hit), are loaded into B's device pages and hold exactly the KV A computed.
 
 Run as a script, this file is one engine (``a`` or ``b``) per pool URL given;
-the test starts both. Until the tiers take a storage URL (``TierConfig(storage="valkey://...")``),
-the engine's storage slot is opened through ``open_storage`` by replacing the
-tiers' LMDB constructor in that engine process (see ``make_engine``).
+the test starts both. Each engine names the pool the way a user does:
+``TierConfig(storage="valkey://...")``.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,15 +30,10 @@ if TYPE_CHECKING:
 
 
 def make_engine(url: str, monkeypatch: pytest.MonkeyPatch | None = None) -> RadixCache:
-    """A small tiered engine whose storage tier is the pool at ``url``.
-
-    In a test process pass ``monkeypatch``, so that the stand-in opener (see
-    the module docstring) is undone after the test."""
-    import radixcache.tier_config as tier_config
+    """A small tiered engine whose storage tier is the pool at ``url``
+    (``TierConfig(storage=url)``, as a user configures it)."""
     from radixcache import CacheConfig, RadixCache
     from radixcache.offload.host import HostPoolConfig
-    from radixcache.offload.lmdb_storage import StorageConfig
-    from radixcache.offload.storage_url import open_backend
     from radixcache.tier_config import TierConfig
     from tests.radixcache.tierkit import SPEC
 
@@ -50,17 +43,7 @@ def make_engine(url: str, monkeypatch: pytest.MonkeyPatch | None = None) -> Radi
         "prefetch_policy": "wait_complete",
         "model_id": "shared-model",
     }
-    try:
-        tiers = TierConfig(storage=url, **fields)  # type: ignore[arg-type]
-    except TypeError:  # the tiers take only an LMDB config yet: open the pool in its place
-        def opener(_config: object, spec: Any, fingerprint: Any) -> Any:
-            return open_backend(url, spec, fingerprint)
-
-        if monkeypatch is not None:
-            monkeypatch.setattr(tier_config, "open_lmdb_storage", opener)
-        else:  # an engine process of its own
-            tier_config.open_lmdb_storage = opener  # type: ignore[assignment]
-        tiers = TierConfig(storage=StorageConfig(path=tempfile.mkdtemp()), **fields)
+    tiers = TierConfig(storage=url, **fields)
     return RadixCache(CacheConfig(spec=SPEC, device_pages=8, tiers=tiers))
 
 
