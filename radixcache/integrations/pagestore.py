@@ -38,11 +38,14 @@ import numpy.typing as npt
 import torch
 
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.storage_url import open_backend, storage_config
+from radixcache.offload.valkey_config import SCHEMES as POOL_SCHEMES
+from radixcache.offload.valkey_config import redact_url
 from radixcache.offload.storage import MAX_KEY_BYTES, ModelFingerprint, Storage, StorageStats
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import Ticket
 
-BACKENDS = ("lmdb",)  # storage backends a PageStore can open
+BACKENDS = ("lmdb", "valkey")  # storage backends a PageStore can open
 
 Slots = Sequence[int] | npt.NDArray[np.integer[Any]]  # chunk index per key
 
@@ -145,7 +148,9 @@ class PageStoreConfig:
     them and earlier pages are never hits.
     """
 
-    path: str | os.PathLike[str]  # store directory (LMDB), created if missing
+    # an LMDB store directory (created if missing), or a shared pool's URL
+    # (``valkey://HOST:PORT/DB[?cluster=true]``, ``valkeys://`` for TLS)
+    path: str | os.PathLike[str]
     page_bytes: int  # bytes of one page (one engine chunk)
     engine: str  # "vllm", "sglang", ...
     model: str  # model name or path
@@ -154,7 +159,7 @@ class PageStoreConfig:
     capacity_bytes: int = 64 << 30  # limit on stored bytes (least recently used evicted)
     durability: str = "safe"  # "safe" or "fast" (see offload/lmdb_storage.py)
     num_readers: int = 2  # reader threads
-    backend: str = "lmdb"  # one of BACKENDS
+    backend: str | None = None  # one of BACKENDS; None: "valkey" for a pool URL, else "lmdb"
 
     def __post_init__(self) -> None:
         if not isinstance(self.page_bytes, int) or self.page_bytes <= 0 or self.page_bytes % 2:
@@ -163,8 +168,16 @@ class PageStoreConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty str, got {value!r}")
-        if self.backend not in BACKENDS:
+        inferred = "valkey" if is_pool_url(self.path) else "lmdb"
+        if self.backend is None:
+            object.__setattr__(self, "backend", inferred)
+        elif self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        elif self.backend != inferred:
+            raise ValueError(
+                f"backend {self.backend!r} does not match the path, which names a "
+                f"{inferred} store"
+            )
 
     def fingerprint(self) -> ModelFingerprint:
         spec = raw_spec(self.page_bytes)
@@ -194,6 +207,10 @@ class PageStore:
         self._lock = threading.Lock()  # one submitter at a time (the backend's contract)
         if storage is not None:
             self._storage: Storage = storage
+            return
+        if config.backend == "valkey":
+            pool = storage_config(config.path)
+            self._storage = open_backend(pool, raw_spec(config.page_bytes), config.fingerprint()).storage
             return
         self._storage = LmdbStorage(
             StorageConfig(
@@ -293,6 +310,17 @@ class PageStore:
                 f"slots must lie in [0, {pages.num_pages}): min {ids.min()}, max {ids.max()}"
             )
         return ids.astype(np.int32)
+
+
+def describe_path(path: str | os.PathLike[str]) -> str:
+    """``path`` for logs and messages: a pool URL with its password hidden."""
+    return redact_url(os.fspath(path)) if is_pool_url(path) else os.fspath(path)
+
+
+def is_pool_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a shared pool (a Valkey URL) rather than a directory."""
+    scheme, sep, _rest = os.fspath(path).partition("://")
+    return bool(sep) and scheme in POOL_SCHEMES
 
 
 def _keys(keys: Sequence[bytes]) -> list[bytes]:

@@ -55,7 +55,13 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
-from radixcache.integrations.pagestore import PageStore, PageStoreConfig, RawPages
+from radixcache.integrations.pagestore import (
+    PageStore,
+    PageStoreConfig,
+    RawPages,
+    describe_path,
+    is_pool_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +97,9 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
         self.durability = str(extra.get("durability", "safe"))
         base = os.fspath(extra["path"])
         rank_dir = bool(extra.get("rank_subdir", True))
-        self.path = os.path.join(base, f"tp{storage_config.tp_rank}") if rank_dir else base
+        if rank_dir and not is_pool_url(base):  # a pool keeps ranks apart by fingerprint
+            base = os.path.join(base, f"tp{storage_config.tp_rank}")
+        self.path = base
         self.store: PageStore | None = None  # opened by register_mem_pool_host
         self._staging = _Staging()
         self._open_lock = threading.Lock()
@@ -135,7 +143,9 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
                     durability=self.durability,
                 )
             )
-        log.info("radixcache HiCache storage at %s: pages of %d B", self.path, page_bytes)
+        log.info(
+            "radixcache HiCache storage at %s: pages of %d B", describe_path(self.path), page_bytes
+        )
 
     # -- interface v1 -----------------------------------------------------------------
     def batch_exists(

@@ -48,7 +48,13 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManager, TransferJob
 
-from radixcache.integrations.pagestore import PageStore, PageStoreConfig, PageTicket, RawPages
+from radixcache.integrations.pagestore import (
+    PageStore,
+    PageStoreConfig,
+    PageTicket,
+    RawPages,
+    describe_path,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -162,7 +168,7 @@ class RadixcacheTier(SecondaryTierManager):
             survivors = self.store.stored_keys()
             if survivors:
                 self._events.append(self._event(survivors, removed=False))
-        log.info("radixcache tier %r opened at %s", tier_type, path)
+        log.info("radixcache tier %r opened at %s", tier_type, describe_path(path))
 
     # -- lookups --------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
