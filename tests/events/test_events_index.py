@@ -89,10 +89,22 @@ def test_lora_namespaces_never_share_blocks(index: KvIndex) -> None:
 def test_parent_chaining_and_orphans(index: KvIndex) -> None:
     apply(index, "w", chain(1, A[: 2 * BS]), chain(3, A[2 * BS :], parent=2))
     assert index.overlap(A)["w"].gpu == 4
-    # The same tokens under an unknown parent cannot be placed: counted, not indexed.
+    # The same tokens under an unknown parent cannot be placed yet: counted,
+    # resident by engine hash, unreachable for a prefix query.
     apply(index, "v", chain(50, A[2 * BS :], parent=49))
     assert index.stats().orphan_blocks == 2
-    assert index.resident("v", "GPU") == set()
+    assert index.resident("v", "GPU") == {50, 51}
+    assert index.overlap(A)["v"] == TierOverlap(0, 0, 0)
+    index.check_integrity()
+    # Its parent returns: the orphans are placed under it, their children too.
+    apply(index, "v", chain(48, A[: 2 * BS], medium="DISK"))
+    assert index.overlap(A)["v"] == TierOverlap(0, 0, 4)  # disk: on some medium
+    apply(index, "v", chain(48, A[: 2 * BS]))
+    assert index.overlap(A)["v"] == TierOverlap(4, 4, 4)
+    index.check_integrity()
+    apply(index, "v", BlockRemoved([50, 51], "GPU"))
+    assert index.resident("v", "GPU") == {48, 49}
+    index.check_integrity()
     # Re-storing known blocks on another medium needs no parent.
     apply(index, "w", chain(3, A[2 * BS :], medium="DISK", parent=999))
     assert index.resident("w", "DISK") == {3, 4}

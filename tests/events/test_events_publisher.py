@@ -62,7 +62,8 @@ def test_sequence_numbers_and_empty_batches(make_publisher: MakePublisher, zctx:
     pub.publish([])
     pub.publish([BlockRemoved([2], "GPU")])
     assert pub.stats().published == 3  # the fence, then two
-    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == [0, 1, 2]
+    f = pub.first_seq
+    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == [f, f + 1, f + 2]
 
 
 def test_bad_records_are_refused_before_taking_a_number(make_publisher: MakePublisher) -> None:
@@ -86,7 +87,7 @@ def test_forced_drops_are_counted_and_stay_replayable(
     for h in range(5):
         pub.publish([BlockRemoved([h], "GPU")])
     stats = pub.stats()
-    assert (stats.published - last - 1, stats.dropped) == (5, 3)
+    assert (pub.next_seq - last - 1, stats.dropped) == (5, 3)
     live = []
     while sub.poll(300):
         live.append(int.from_bytes(sub.recv_multipart()[1], "big", signed=True))
@@ -111,7 +112,7 @@ def test_full_queue_drops_without_blocking_and_counts_right(
     assert stats.dropped > 0, "a one-batch queue cannot keep up with a tight loop"
     assert stats.encode_errors == 0
     # Dropped or not, every batch is replayable.
-    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == list(range(n + 1))
+    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == list(range(pub.first_seq, pub.first_seq + n + 1))
 
 
 def test_slow_subscriber_never_blocks_the_publisher(
@@ -167,3 +168,21 @@ def test_null_publisher_does_nothing() -> None:
     null.publish([BlockRemoved([1], "GPU")])
     assert null.stats() == PublisherStats(0, 0, 0, 0, 0, 0)
     null.close()
+
+
+def test_sequence_base_is_clock_derived_and_persisted(make_publisher: MakePublisher, tmp_path: Any) -> None:
+    before = time.time_ns() // 1000
+    pub = make_publisher()
+    assert before <= pub.first_seq <= time.time_ns() // 1000
+    # With a sequence file, a clock set back cannot make numbers go backwards.
+    path = tmp_path / "seq"
+    first = make_publisher(seq_base=10**15, seq_file=str(path))
+    for h in range(3):
+        first.publish([BlockRemoved([h], "GPU")])
+    last = first.next_seq - 1
+    first.close()
+    second = make_publisher(seq_base=5, seq_file=str(path))  # "the clock went back"
+    assert second.first_seq > last
+    path.write_text("garbage")
+    with pytest.raises(ValueError, match="not an integer"):
+        make_publisher(seq_file=str(path))

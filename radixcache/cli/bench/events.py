@@ -192,7 +192,7 @@ def _engine(conn: Any, per_batch: int, total: int, plain: bool) -> None:
         conn.send((pub.endpoint, pub.replay_endpoint))
         while conn.recv() == "probe":
             pub.publish(PROBE)
-            conn.send(pub.stats().published)
+            conn.send(pub.next_seq)
         base = pub.stats().sent
         cpu0, t0 = time.process_time(), time.perf_counter()
         for i in range(total):
@@ -235,7 +235,7 @@ def _follow(endpoint: str, replay: str, parent: Any, total_pages: int) -> tuple[
     with EventSubscriber(sink, [WorkerEndpoint("engine", endpoint, replay)], SubscriberConfig(rcv_hwm=0)) as sub:
         published = 0  # probe until following live and caught up (replay fills the start)
         deadline = time.monotonic() + 30
-        while sink.batches == 0 or sub.next_seq("engine") < published:
+        while sink.batches == 0 or (sub.next_seq("engine") or 0) < published:
             if time.monotonic() > deadline:
                 raise RuntimeError("the subscriber never caught up with the engine")
             parent.send("probe")
