@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from radixcache.offload.host import HostPool
-from radixcache.offload.storage import Storage, TokenPages
+from radixcache.offload.storage import PutMeta, Storage, TokenPages
 from radixcache.transfer.allocator import PageIds
 from radixcache.transfer.engine import CopyEngine
 from radixcache.transfer.ticket import Ticket
@@ -110,9 +110,10 @@ class OffloadController:
         host_pages: PageIds,
         namespace: bytes,
         tag: object,
+        meta: PutMeta | None = None,
     ) -> Job:
         """Write host pages to storage under ``keys``."""
-        ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace)
+        ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace, meta)
         return self._add(Job(JobKind.STORE, ticket, tag, host_pages, keys=keys))
 
     def fetch(

@@ -26,7 +26,9 @@ from radixcache.node import Node, PageIds
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
 from radixcache.events.types import KvEvent
+from radixcache.offload.lmdb_storage import LmdbStorage
 from radixcache.recorder import EventRecorder
+from radixcache.survivors import announce_survivors
 from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
@@ -105,6 +107,8 @@ class RadixCache:
             self.tiers = HostTiers(
                 self.tree, self.kv, config.tiers, self._allocate_or_none, self.pool.free
             )
+            if config.record_events and isinstance(self.tiers.controller.storage, LmdbStorage):
+                announce_survivors(self.tiers.controller.storage, self.tree.recorder, self.page_size)
 
     # ------------------------------------------------------------------ lifecycle
     def admit(

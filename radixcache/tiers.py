@@ -35,6 +35,7 @@ from radixcache.events.types import DISK
 from radixcache.offload.controller import Job, JobKind, OffloadController
 from radixcache.offload.host import HostPool, HostPoolConfig
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.survivors import put_meta
 from radixcache.offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
 from radixcache.offload.storage import ModelFingerprint, NullStorage, Storage, StorageStats
 from radixcache.hashing import KEY_BYTES, chain_keys, split_keys
@@ -390,7 +391,7 @@ class HostTiers:
         # copy stays evictable meanwhile.
         for node in nodes:
             node.busy += 1
-        self.controller.store(keys, tokens, host, last.namespace.digest(), last)
+        self.controller.store(keys, tokens, host, last.namespace.digest(), last, put_meta(self.tree, nodes))
 
     # ------------------------------------------------------------------ host pool
     def _allocate_host(self, n: int) -> PageIds | None:

@@ -26,6 +26,7 @@ from radixcache.events import (
 )
 from radixcache.offload.host import HostPoolConfig
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload.record import record_size
 from radixcache import CacheConfig, KVSpec, Namespace, OutOfPagesError, RadixCache
 from radixcache.hashing import block_hashes
 from radixcache.tiers import HostTiers, TierConfig
@@ -59,7 +60,8 @@ def router(publisher: ZmqEventPublisher) -> Iterator[tuple[EventSubscriber, KvIn
 
 
 def make_cache(store: Path, write_policy: str) -> RadixCache:
-    record = 48 + 4 * P + SPEC.page_bytes  # header + tokens + KV of one page
+    # one page's record: header, full key, namespace info, tokens, KV
+    record = record_size(48, len(NAMESPACES[1].to_info()), P, SPEC.page_bytes)
     tiers = TierConfig(
         host=HostPoolConfig(pages=10),
         write_policy=write_policy,
