@@ -18,8 +18,10 @@ chain, one ``BlockStored`` of at most ``max_pages`` pages::
     roots = records whose parent is None
     walk from the roots; a chain of single children is one event
     records not reached (their parent left storage first) are orphans:
-    counted, never announced (a router could not place them; the engine
-    cannot match them either until the parent is stored again)
+    announced after the rest, with their parent's id, so a router's DISK
+    set equals what storage holds (``KvIndex`` keeps them by id and places
+    them once the parent is stored again, as the engine can only match them
+    once it recomputed the parent)
 
 Owner thread only; reading the token ids of the announced pages is one read
 transaction per event.
@@ -61,7 +63,7 @@ class SurvivorReport:
 
     announced: int  # pages recorded as BlockStored(DISK)
     events: int  # BlockStored records they took
-    orphans: int  # pages whose parent is not in storage (not announced)
+    orphans: int  # of those, pages below a parent that is not in storage
     unannounceable: int  # records without an event id, raw, or unreadable
 
 
@@ -111,7 +113,16 @@ def announce_survivors(
         kids.sort(key=lambda b: by_id[b].seq)  # deterministic: write order
     namespaces: dict[bytes, Namespace | None] = {}
     announced = events = 0
-    stack: list[tuple[int, int | None]] = [(b, None) for b in reversed(children.get(None, []))]
+    # First pages first, then the orphans' subtrees (their parent left storage
+    # first): a router holds those by id until the parent is stored again,
+    # so its DISK set equals what storage holds.
+    reached = _reached(children)
+    orphan_roots = sorted(
+        (b for b in by_id if b not in reached and by_id[b].parent_block_id not in by_id),
+        key=lambda b: by_id[b].seq,
+    )
+    stack: list[tuple[int, int | None]] = [(b, by_id[b].parent_block_id) for b in reversed(orphan_roots)]
+    stack.extend((b, None) for b in reversed(children.get(None, [])))
     while stack:
         bid, parent = stack.pop()
         run = [bid]
@@ -133,7 +144,7 @@ def announce_survivors(
         announced += len(run)
         events += 1
         stack.extend((b, run[-1]) for b in reversed(children.get(run[-1], [])))
-    orphans = len(by_id) - len(_reached(children))
+    orphans = len(by_id) - len(reached)
     return SurvivorReport(announced, events, orphans, unannounceable)
 
 

@@ -5,12 +5,16 @@ exactly the engine's residency, medium by medium and page by page."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgpack
+import msgspec
 import numpy as np
 import pytest
 import torch
+import zmq
 
 from radixcache.events import (
     AllBlocksCleared,
@@ -18,6 +22,7 @@ from radixcache.events import (
     BlockStored,
     EventSubscriber,
     IndexConfig,
+    KvEvent,
     KvIndex,
     PublisherConfig,
     SubscriberConfig,
@@ -30,7 +35,8 @@ from radixcache.offload.record import record_size
 from radixcache import CacheConfig, KVSpec, Namespace, OutOfPagesError, RadixCache
 from radixcache.hashing import block_hashes
 from radixcache.tiers import HostTiers, TierConfig
-from tests.events.events_testkit import sync
+from tests.events import peer_structs
+from tests.events.events_testkit import replay, sync
 from tests.radixcache.tierkit import compute
 
 P = 4
@@ -210,3 +216,171 @@ def test_extending_a_leaf_announces_only_new_pages_with_parent() -> None:
     assert first.token_ids == [0, 1, 2, 3] and second.token_ids == [4, 100, 101, 102]
     assert second.parent_block_hash == first.block_hashes[-1]
     cache.release(req)
+
+
+# ---------------------------------------------------------------- conformance and restarts
+
+TENANTS = [
+    Namespace(),
+    Namespace(salt="tenant-a"),
+    Namespace(salt=b"\x00tenant-b", extra_keys=("img-7",)),
+    Namespace(lora_id=3, lora_name="fr-adapter"),
+    Namespace(salt="tenant-c", lora_id=9, lora_name="de-adapter"),
+]
+
+
+def tenant_workload(cache: RadixCache, publish: Callable[[list[KvEvent]], None], seed: int, steps: int) -> None:
+    """Tenants share a system prompt, each adds its own turns; evictions,
+    completions and a forget now and then."""
+    rng = random.Random(seed)
+    system = [rng.randrange(50) for _ in range(3 * P)]
+    for _ in range(steps):
+        roll = rng.random()
+        if roll < 0.6:
+            ns = rng.choice(TENANTS)
+            body = system + [rng.randrange(4) for _ in range(rng.randrange(1, 10))]
+            req = cache.admit(np.asarray(body, dtype=np.int32), ns)
+            try:
+                compute(cache, req, req.num_tokens - req.num_computed)
+            except OutOfPagesError:
+                pass
+            cache.release(req)
+        elif roll < 0.8:
+            cache.evict(rng.randrange(1, 6))
+        elif roll < 0.98:
+            cache.poll()
+        else:
+            cache.forget_namespace(rng.choice(TENANTS))
+        publish(cache.take_events())
+    tiers = cache.tiers
+    assert isinstance(tiers, HostTiers)
+    tiers.drain()
+    cache.poll()
+    cache.poll()  # removals storage made while the last stores committed are reported one poll later
+    publish(cache.take_events())
+
+
+def all_payloads(pub: ZmqEventPublisher) -> list[bytes]:
+    """Every batch the publisher holds, fetched over its replay socket (loopback ZMQ)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        answer = replay(ctx, pub.replay_endpoint or "", pub.first_seq)
+    finally:
+        ctx.destroy(linger=0)
+    assert answer[-1][2] == (-1).to_bytes(8, "big", signed=True)
+    seqs = [int.from_bytes(m[2], "big", signed=True) for m in answer[:-1]]
+    assert seqs == list(range(pub.first_seq, pub.next_seq)), "every batch, in order"
+    return [m[3] for m in answer[:-1]]
+
+
+def test_every_batch_decodes_with_vllm_and_sglang_structs(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path / "store", "write_through")
+    pubs = {
+        media: ZmqEventPublisher(PublisherConfig(
+            endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", media=media, close_linger_ms=0,
+        ))
+        for media in ("sglang", "vllm")
+    }
+    try:
+        def publish(events: list[KvEvent]) -> None:
+            for pub in pubs.values():
+                pub.publish(events)
+
+        tenant_workload(cache, publish, seed=5, steps=300)
+        payloads = {media: all_payloads(pub) for media, pub in pubs.items()}
+    finally:
+        for pub in pubs.values():
+            pub.close()
+        cache.close()
+    assert len(payloads["sglang"]) > 150
+    salts: set[str | None] = set()
+    loras: set[str | None] = set()
+    media: dict[str, set[str | None]] = {"sglang": set(), "vllm": set()}
+    for name, batches in payloads.items():
+        for data in batches:
+            v = peer_structs.VLLM.decode(data)  # raises on any missing key or wrong type
+            s = peer_structs.SGLANG.decode(data)
+            assert len(v.events) == len(s.events) > 0
+            for ve, se in zip(v.events, s.events):
+                if isinstance(ve, peer_structs.VllmBlockStored):
+                    assert isinstance(se, peer_structs.SglangBlockStored)
+                    assert len(ve.token_ids) == len(ve.block_hashes) * P
+                    salts.add(se.cache_salt)
+                    loras.add(ve.lora_name)
+                    if se.cache_salt is not None:
+                        assert ve.extra_keys is not None and len(ve.extra_keys) == len(ve.block_hashes)
+                        assert all(k is not None and k[0] == se.cache_salt for k in ve.extra_keys)
+                if not isinstance(ve, peer_structs.VllmAllBlocksCleared):
+                    media[name].add(ve.medium)
+    assert salts == {None, "tenant-a", "hex:" + b"\x00tenant-b".hex(), "tenant-c"}
+    assert loras == {None, "fr-adapter", "de-adapter"}
+    assert media == {"sglang": {"GPU", "CPU_PINNED", "DISK"}, "vllm": {"GPU", "CPU", "STORAGE"}}
+    # The same decoders refuse a map that leaves nil keys out (the old wire):
+    old = msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [0] * P,
+                                "block_size": P, "medium": "GPU"}], None])
+    with pytest.raises(msgspec.ValidationError, match="parent_block_hash"):
+        peer_structs.VLLM.decode(old)
+    with pytest.raises(msgspec.ValidationError, match="parent_block_hash"):
+        peer_structs.SGLANG.decode(old)
+
+
+def tenant_residency(cache: RadixCache) -> dict[str, set[int]]:
+    return engine_residency(cache)
+
+
+def test_engine_restart_on_the_same_storage(tmp_path: Path) -> None:
+    """Restart with traffic before and none after: the router drops the old
+    incarnation at once, learns the survivors on disk, numbers keep growing."""
+    store = tmp_path / "store"
+    index = KvIndex(IndexConfig(block_size=P))
+    first_cache = make_cache(store, "write_through")
+    first = ZmqEventPublisher(PublisherConfig(
+        endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", close_linger_ms=200))
+    spec = WorkerEndpoint("engine", first.endpoint, first.replay_endpoint)
+    sub = EventSubscriber(index, [spec], SubscriberConfig(replay_timeout_ms=1_000))
+    try:
+        sync(first, sub, "engine")
+        tenant_workload(first_cache, first.publish, seed=11, steps=200)
+        sync(first, sub, "engine")
+        assert router_residency(index) == engine_residency(first_cache)
+        old_disk = engine_residency(first_cache)["DISK"]
+        assert old_disk
+        last_old = first.next_seq - 1
+        first_cache.close()
+        first.close()
+
+        cache = make_cache(store, "write_through")  # announces the survivors
+        pub = ZmqEventPublisher(PublisherConfig(
+            endpoint=spec.endpoint, replay_endpoint=spec.replay_endpoint, close_linger_ms=200))
+        try:
+            assert pub.first_seq > last_old, "sequence numbers never go back"
+            started = time.monotonic()
+            survivors = cache.take_events()
+            assert survivors and all(isinstance(e, BlockStored) and e.medium == "DISK" for e in survivors)
+            pub.publish(survivors)
+            # No traffic from here on: the reconnect alone must bring the router up to date.
+            expected = engine_residency(cache)
+            assert expected == {"GPU": set(), "CPU_PINNED": set(), "DISK": old_disk}
+            ok = sub.run_until(lambda: router_residency(index) == expected, 5.0)
+            got = router_residency(index)["DISK"]
+            assert ok, (len(got), len(expected["DISK"]), len(got - expected["DISK"]),
+                        len(expected["DISK"] - got), sub.stats(), index.stats())
+            assert time.monotonic() - started < 2.0
+            announced = {h for e in survivors if isinstance(e, BlockStored) for h in e.block_hashes}
+            assert announced == old_disk
+            # The survivors carry parents and tokens: prefix queries reach them on disk.
+            for e in survivors:
+                if isinstance(e, BlockStored) and e.parent_block_hash is None:
+                    assert any(o.disk for o in index.overlap(e.token_ids[:P], block_size=P,
+                               lora_id=e.lora_id, lora_name=e.lora_name, cache_salt=e.cache_salt,
+                               extra_keys=None if e.extra_keys is None or e.extra_keys[0] is None
+                               else tuple(e.extra_keys[0])[1 if e.cache_salt else 0:]).values())
+            # Traffic after the restart keeps the two equal.
+            tenant_workload(cache, pub.publish, seed=12, steps=80)
+            sync(pub, sub, "engine")
+            assert router_residency(index) == engine_residency(cache)
+        finally:
+            cache.close()
+            pub.close()
+    finally:
+        sub.close()
