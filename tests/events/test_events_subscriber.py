@@ -303,3 +303,26 @@ def test_restart_that_overtakes_the_old_sequence_is_still_caught(
     sync(second, sub)
     assert index.resident("w0", "GPU") == {900 + i for i in range(30)}
     assert sub.stats().restarts == 1
+
+
+def test_idle_restart_is_seen_within_a_second(
+    make_publisher: MakePublisher, make_subscriber: MakeSubscriber, index: KvIndex
+) -> None:
+    # The new incarnation publishes nothing after its AllBlocksCleared (which
+    # no subscriber can receive live: it is sent before anyone reconnects).
+    first = make_publisher()
+    spec = worker_of(first)
+    sub = make_subscriber(spec)
+    sync(first, sub)
+    publish_all(first, [[stored([h], [h] * BS, medium="DISK")] for h in range(1, 30)])
+    assert sub.run_until(caught_up(sub, first), 5)
+    assert len(index.resident("w0", "DISK")) == 29
+    first.close()
+    sub.poll(50)  # the subscriber sees the connection drop
+    second = make_publisher(endpoint=spec.endpoint, replay_endpoint=spec.replay_endpoint)
+    started = time.monotonic()
+    assert sub.run_until(lambda: not index.resident("w0", "DISK"), 3.0)
+    assert time.monotonic() - started < 1.0
+    assert applied_upto(sub, "w0") == second.next_seq  # its AllBlocksCleared, from replay
+    assert second.first_seq > first.next_seq
+    index.check_integrity()
