@@ -180,3 +180,21 @@ def test_config_is_validated() -> None:
         IndexConfig(w_gpu=0.5, w_host=0.9)
     with pytest.raises(ValueError, match="block_size"):
         IndexConfig(block_size=0)
+
+
+def test_salted_tenants_are_kept_apart(index: KvIndex) -> None:
+    # Two tenants store the same system prompt; the wire tells them apart by
+    # cache_salt and the per-block extra_keys entry (salt first).
+    for salt, first in (("acme", 1), ("globex", 11)):
+        extra = [(salt,), (salt,)]
+        apply(index, "w", BlockStored([first, first + 1], None, A[: 2 * BS], BS, cache_salt=salt, extra_keys=extra))
+    apply(index, "w", BlockStored([21, 22], None, A[: 2 * BS], BS, extra_keys=[(b"img",), (b"img",)]))
+    assert index.overlap(A)["w"].gpu == 0  # nobody stored it unsalted
+    assert index.overlap(A, cache_salt="acme")["w"].gpu == 2
+    assert index.overlap(A, cache_salt="globex")["w"].gpu == 2
+    assert index.overlap(A, cache_salt="initech")["w"].gpu == 0
+    assert index.overlap(A, extra_keys=(b"img",))["w"].gpu == 2
+    apply(index, "w", BlockRemoved([1, 2], "GPU"))
+    assert index.overlap(A, cache_salt="acme")["w"].gpu == 0
+    assert index.overlap(A, cache_salt="globex")["w"].gpu == 2
+    index.check_integrity()
