@@ -420,9 +420,13 @@ class HostTiers:
                 if self.tree.is_attached(node) and not node.busy:
                     self._store([node])
             self._deferred_stores.clear()
-        # Removals taken before harvesting: every store of a key that left
-        # storage belongs to a ticket finished by now, so stores go out first.
-        removed = self.controller.storage.take_removed()
+        # Removals go out before what this poll harvests: a key evicted and
+        # then written again must end up stored. A key whose store (or fetch)
+        # is harvested now but that is gone from storage was removed after it:
+        # its removal goes out again after the store.
+        storage = self.controller.storage
+        removed = storage.take_removed()
+        self.tree.recorder.removed_keys(removed, DISK)
         done = self.controller.poll()
         for job in done:
             if job.ticket.error is not None:
@@ -438,7 +442,10 @@ class HostTiers:
                 self._finish_load(job)
             else:
                 self._finish_fetch(job)
-        self.tree.recorder.removed_keys(removed, DISK)
+        if removed:
+            announced = {k for job in done for k in job.keys}
+            again = [k for k in removed if k in announced and not storage.longest_prefix([k])]
+            self.tree.recorder.removed_keys(again, DISK)
         return len(done)
 
     def _finish_backup(self, job: Job) -> None:
