@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,7 @@ class Rig:
     def __init__(self, store: Path, policy: str) -> None:
         self.store = store
         self.policy = policy
+        self.storage_log: list[tuple[str, set[int], Any]] = []
         self.cache = self._cache()
         self.pub = ZmqEventPublisher(PublisherConfig(
             endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", close_linger_ms=100))
@@ -75,6 +77,41 @@ class Rig:
                     out.append(f"{i}:{type(e).__name__}({e.medium}, parent={parent})")
         return out
 
+    def _watch(self, cache: RadixCache) -> RadixCache:
+        """Log the storage's puts and removals by block id (for diagnosing a mismatch)."""
+        tiers = cache.tiers
+        assert isinstance(tiers, HostTiers)
+        storage = tiers.controller.storage
+        put, take, forget = storage.put, storage.take_removed, storage.forget_namespace
+
+        def logged_put(keys: Any, *args: Any, **kwargs: Any) -> Any:
+            ticket = put(keys, *args, **kwargs)
+            self.storage_log.append(("put", set(event_ids(b"".join(keys))), ticket))
+            return ticket
+
+        def logged_take() -> list[bytes]:
+            keys = take()
+            self.storage_log.append(("removed", set(event_ids(b"".join(keys))), None))
+            return keys
+
+        def logged_forget(ns: bytes) -> Any:
+            ticket = forget(ns)
+            self.storage_log.append(("forget", set(), ticket))
+            return ticket
+
+        storage.put = logged_put  # type: ignore[method-assign]
+        storage.take_removed = logged_take  # type: ignore[method-assign]
+        storage.forget_namespace = logged_forget  # type: ignore[method-assign]
+        return cache
+
+    def storage_history(self, block_id: int) -> list[str]:
+        out = []
+        for i, (kind, ids, ticket) in enumerate(self.storage_log):
+            if kind == "forget" or block_id in ids:
+                result = ticket.result() if ticket is not None and ticket.done() else None
+                out.append(f"{i}:{kind}={result}")
+        return out
+
     def _cache(self) -> RadixCache:
         per_page = record_size(48, 64, P, SPEC.page_bytes)
         tiers = TierConfig(
@@ -82,7 +119,7 @@ class Rig:
             prefetch_policy="wait_complete",
             storage=StorageConfig(path=self.store, capacity_bytes=14 * per_page), model_id="prop",
         )
-        return RadixCache(CacheConfig(spec=SPEC, device_pages=10, tiers=tiers, record_events=True))
+        return self._watch(RadixCache(CacheConfig(spec=SPEC, device_pages=10, tiers=tiers, record_events=True)))
 
     def traffic(self, rng: random.Random, steps: int) -> None:
         system = [7, 7, 7, 7, 1, 2, 3, 4]
@@ -160,8 +197,8 @@ class Rig:
         for m in MEDIA:
             assert router[m] == engine[m], (
                 f"after {what}: {m} router {len(router[m])} engine {len(engine[m])}, "
-                f"router only {[self.history(h) for h in router[m] - engine[m]]}, "
-                f"engine only {[self.history(h) for h in engine[m] - router[m]]}, "
+                f"router only {[(self.history(h), self.storage_history(h)) for h in router[m] - engine[m]]}, "
+                f"engine only {[(self.history(h), self.storage_history(h)) for h in engine[m] - router[m]]}, "
                 f"{self.sub.stats()}, {self.index.stats()}"
             )
         self.index.check_integrity()
