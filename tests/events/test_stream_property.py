@@ -49,7 +49,7 @@ class Rig:
     def __init__(self, store: Path, policy: str) -> None:
         self.store = store
         self.policy = policy
-        self.storage_log: list[tuple[str, set[int], Any]] = []
+        self.storage_log: list[tuple[str, list[int], Any]] = []
         self.cache = self._cache()
         self.pub = ZmqEventPublisher(PublisherConfig(
             endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", close_linger_ms=100))
@@ -86,17 +86,17 @@ class Rig:
 
         def logged_put(keys: Any, *args: Any, **kwargs: Any) -> Any:
             ticket = put(keys, *args, **kwargs)
-            self.storage_log.append(("put", set(event_ids(b"".join(keys))), ticket))
+            self.storage_log.append(("put", event_ids(b"".join(keys)), ticket))
             return ticket
 
         def logged_take() -> list[bytes]:
             keys = take()
-            self.storage_log.append(("removed", set(event_ids(b"".join(keys))), None))
+            self.storage_log.append(("removed", event_ids(b"".join(keys)), None))
             return keys
 
         def logged_forget(ns: bytes) -> Any:
             ticket = forget(ns)
-            self.storage_log.append(("forget", set(), ticket))
+            self.storage_log.append(("forget", [], ticket))
             return ticket
 
         storage.put = logged_put  # type: ignore[method-assign]
@@ -109,7 +109,8 @@ class Rig:
         for i, (kind, ids, ticket) in enumerate(self.storage_log):
             if kind == "forget" or block_id in ids:
                 result = ticket.result() if ticket is not None and ticket.done() else None
-                out.append(f"{i}:{kind}={result}")
+                where = f"@{ids.index(block_id)}/{len(ids)}" if block_id in ids else ""
+                out.append(f"{i}:{kind}{where}={result}")
         return out
 
     def _cache(self) -> RadixCache:

@@ -20,6 +20,7 @@ from radixcache.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    EventBatch,
     EventSubscriber,
     IndexConfig,
     KvEvent,
@@ -395,3 +396,47 @@ def test_engine_restart_on_the_same_storage(tmp_path: Path) -> None:
             pub.close()
     finally:
         sub.close()
+
+
+def test_survivors_come_parents_first_and_orphans_are_held_by_id(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    cache = make_cache(store, "write_through")
+    ns = TENANTS[2]  # salted, with extra keys
+    prompt = np.arange(3 * P + 1, dtype=np.int32)
+    req = cache.admit(prompt, ns)
+    compute(cache, req, req.num_tokens)
+    cache.release(req)
+    tiers = cache.tiers
+    assert isinstance(tiers, HostTiers)
+    tiers.drain()
+    cache.poll()
+    storage = tiers.controller.storage
+    assert isinstance(storage, LmdbStorage)
+    keys = cache.tree.page_keys(next(n for n in cache.tree.nodes() if n.key.size == 3 * P))
+    ids = block_hashes(keys)
+    assert set(block_hashes(b"".join(storage.stored_keys()))) == set(ids)
+    assert storage.delete([keys[16:32]]).wait(10)  # the middle page leaves storage first
+    cache.close()
+
+    cache = make_cache(store, "write_through")
+    events = cache.take_events()
+    assert [(e.block_hashes, e.parent_block_hash, e.medium) for e in events if isinstance(e, BlockStored)] == [
+        ([ids[0]], None, "DISK"),  # a first page, then the orphan under its missing parent
+        ([ids[2]], ids[1], "DISK"),
+    ]
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert stored[0].token_ids == prompt[:P].tolist() and stored[1].token_ids == prompt[2 * P : 3 * P].tolist()
+    assert all(e.cache_salt == ns.wire_salt() and e.extra_keys == [ns.event_extra()] for e in stored)
+    index = KvIndex(IndexConfig(block_size=P))
+    index.apply_batch("engine", EventBatch(0.0, events))
+    assert index.resident("engine", "DISK") == {ids[0], ids[2]}  # what storage holds
+    salt, extra = ns.wire_salt(), ns.extra_keys
+    assert index.overlap(prompt.tolist(), cache_salt=salt, extra_keys=extra)["engine"].disk == 1
+    # The engine recomputes the middle page: the router places the orphan under it.
+    req = cache.admit(prompt, ns)
+    compute(cache, req, req.num_tokens - req.num_computed)
+    cache.release(req)
+    index.apply_batch("engine", EventBatch(0.0, cache.take_events()))
+    assert index.overlap(prompt.tolist(), cache_salt=salt, extra_keys=extra)["engine"].disk == 3
+    index.check_integrity()
+    cache.close()
