@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +45,7 @@ from radixcache.offload.storage import PutMeta
 from radixcache.recorder import KeySource, Recorder, event_ids
 
 
+@runtime_checkable
 class SurvivorSource(Protocol):
     """What announcing survivors needs from a storage backend."""
 
@@ -88,17 +89,21 @@ def put_meta(keys: KeySource, nodes: Sequence[Node]) -> PutMeta:
 
 
 def announce_survivors(
-    storage: SurvivorSource,
+    storage: object,
     recorder: Recorder,
     page_size: int,
     *,
     medium: Medium = DISK,
     max_pages: int = 64,
 ) -> SurvivorReport:
-    """Record a ``BlockStored(medium)`` for every stored page reachable from
-    a first page, parents first, at most ``max_pages`` pages per event."""
+    """Record a ``BlockStored(medium)`` for every stored page, parents first
+    (orphans' subtrees last), at most ``max_pages`` pages per event. A
+    storage that cannot list its records with their tokens (no storage, a
+    pool without ``read_tokens``) announces nothing."""
     if max_pages <= 0:
         raise ValueError(f"max_pages must be positive, got {max_pages}")
+    if not isinstance(storage, SurvivorSource):
+        return SurvivorReport(0, 0, 0, 0)
     by_id: dict[int, RecordMeta] = {}
     unannounceable = 0
     for meta in storage.scan():

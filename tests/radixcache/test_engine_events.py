@@ -141,7 +141,7 @@ def run_workload(
         publish()
     tiers = cache.tiers
     assert isinstance(tiers, HostTiers)
-    tiers.drain()
+    cache.drain()
     for _ in range(2):  # behind any forget; the second: the first's removals are published
         assert tiers.controller.storage.delete([b"\xff" * 16]).wait(10)
     cache.poll()

@@ -1,4 +1,4 @@
-"""Event stream benchmark: ``python -m radixcache.cli.bench events [--quick]``.
+"""Event stream benchmark: ``radixcache bench events [--quick]``.
 
 Prints one JSON object. Stores come as 16-page ``BlockStored`` events (random
 63-bit hashes, token ids below a 128k vocabulary), ``--events-per-batch`` of
@@ -32,7 +32,6 @@ ratios compare like with like.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -50,6 +49,8 @@ if __name__ in ("__main__", "__mp_main__"):
 import msgpack
 import zmq
 
+from radixcache.cli.options import positive_int, positive_int_list
+from radixcache.cli.parser import CliParser
 from radixcache.events import (
     GPU,
     BatchEncoder,
@@ -351,16 +352,16 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixcache.cli.bench events", description=__doc__)
+    parser = CliParser(prog="radixcache bench events", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
-    parser.add_argument("--events-per-batch", default="8,32", help="comma-separated sizes to measure")
-    parser.add_argument("--repeat", type=int, default=3, help="end-to-end runs per size; the best is reported")
-    parser.add_argument("--cores", default="auto",
-                        help="PUB,SUB cores to pin the two processes to; 'auto': 0,1 when there are two; 'none'")
+    parser.add_argument("--events-per-batch", type=positive_int_list, default=[8, 32],
+                        metavar="N,N,...", help="comma-separated batch sizes to measure")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="end-to-end runs per size; the best is reported")
+    parser.add_argument("--cores", default="auto", metavar="PUB,SUB",
+                        help="cores to pin the publishing and the subscribing process to "
+                        "(like taskset); 'auto': the first two usable ones; 'none': no pinning")
     args = parser.parse_args(argv)
-    sizes = [int(x) for x in args.events_per_batch.split(",") if x.strip()]
-    if not sizes or min(sizes) <= 0:
-        parser.error("--events-per-batch needs positive integers")
     cores: tuple[int, int] | None = None
     if args.cores == "auto":
         usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             parser.error(f"--cores needs two core numbers like 0,1, got {args.cores!r}")
         cores = (a, b)
-    json.dump(run(args.quick, sizes, max(1, args.repeat), cores), sys.stdout, indent=2)
+    json.dump(run(args.quick, args.events_per_batch, args.repeat, cores), sys.stdout, indent=2)
     print()
     return 0
 

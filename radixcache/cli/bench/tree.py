@@ -365,7 +365,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixcache.cli.bench tree", description=__doc__)
+    parser = argparse.ArgumentParser(prog="radixcache bench tree", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     args = parser.parse_args(argv)
     json.dump(run(args.quick), sys.stdout, indent=2)
