@@ -3,24 +3,26 @@
 The stream
     Each engine step that changed residency publishes one batch on a ZMQ PUB
     socket as three frames: ``topic`` (UTF-8, empty by default), ``seq`` (8-byte
-    big-endian signed, 0 for the first batch, +1 per batch) and ``payload``: a
-    msgpack array of exactly three, ``[ts, events, dp_rank]``. ``events`` is
-    never empty; each event is a map whose first key is ``"type"``:
-    ``BlockStored`` (block_hashes, parent_block_hash, token_ids, block_size,
-    lora_id, medium, lora_name), ``BlockRemoved`` (block_hashes, medium) or
-    ``AllBlocksCleared``. Keys that may be nil (parent_block_hash, lora_id,
-    lora_name) are left out when None; every other key is always present,
-    ``medium`` included. vLLM, SGLang and NVIDIA Dynamo consumers decode it.
+    big-endian signed, +1 per batch, never backwards across restarts: see
+    ``events.sequence``) and ``payload``: a msgpack array of exactly three,
+    ``[ts, events, dp_rank]``. ``events`` is never empty; each event is a map
+    whose first key is ``"type"``: ``BlockStored`` (block_hashes,
+    parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
+    all always present, nil where empty; plus cache_salt and per-block
+    extra_keys for a salted namespace), ``BlockRemoved`` (block_hashes,
+    medium) or ``AllBlocksCleared``. vLLM, SGLang and NVIDIA Dynamo consumers
+    decode it.
 
 Media
-    ``"GPU"`` (device memory), ``"CPU_PINNED"`` (the pinned host tier) and
-    ``"DISK"`` (committed to the local storage tier). A page may be resident on
-    several media at once; each medium is tracked on its own.
+    ``"GPU"`` (device memory), ``"CPU_PINNED"`` (the pinned host tier),
+    ``"DISK"`` (committed to the local storage tier) and ``"EXTERNAL"`` (a
+    shared pool); the "vllm" vocabulary writes GPU / CPU / STORAGE. A page may
+    be resident on several media at once; each medium is tracked on its own.
 
 Block hashes
     Integers in ``[0, 2**63)`` (they read the same as u64 and as i64), derived
-    from the chained page hash: stable across media and restarts, unique per
-    namespace. A ``BlockStored``'s parent was stored before it.
+    from the chained page key: stable across media and restarts, unique per
+    namespace.
 
 Ordering
     Batches arrive in sequence order; inside a batch, events apply in list
@@ -35,17 +37,15 @@ Replay
     big-endian) and receives ``[b"", topic, seq, payload]`` for every buffered
     batch with ``seq >= start_seq``, then ``[b"", b"", seq=-1, b""]``. A batch
     takes its sequence number and its replay slot before the bounded send
-    queue, so one dropped from a full queue is still replayable: a subscriber
-    sees the gap and fetches it.
+    queue, so one dropped from a full queue is still replayable. Answers are
+    paced and bounded per client (see ``events.zmq_publisher``).
 
-Restart fencing
-    A publisher's first batch is ``[AllBlocksCleared]``: a consumer that sees
-    sequence numbers start again (or that batch) drops what it believed about
-    the worker's previous incarnation. ``EventSubscriber`` also rebuilds a
-    worker from replay after its connection dropped, since a new incarnation
-    may already be past the old one's last number when it reconnects. A gap
-    the replay buffer no longer covers drops the worker's state too, which
-    then rebuilds from the batches that follow the hole.
+Restarts
+    A publisher's first batch is ``[AllBlocksCleared]``, replayable before
+    its sockets are bound. Live subscribers cannot receive it (they reconnect
+    after it was sent), so a consumer asks replay whenever its connection to
+    an engine is (re-)established; ``EventSubscriber`` does, which makes an
+    idle restart visible within the reconnect interval.
 
 Threads
     ``ZmqEventPublisher.publish`` is called by the cache's owner thread and
@@ -89,9 +89,11 @@ from radixcache.events.subscriber import (
     SubscriberStats,
     WorkerEndpoint,
 )
+from radixcache.events.sequence import SequenceSource, clock_base
 from radixcache.events.types import (
     CPU_PINNED,
     DISK,
+    EXTERNAL,
     GPU,
     HASH_LIMIT,
     MEDIA,
@@ -107,6 +109,7 @@ from radixcache.events.zmq_publisher import ZmqEventPublisher
 __all__ = [
     "CPU_PINNED",
     "DISK",
+    "EXTERNAL",
     "GPU",
     "HASH_LIMIT",
     "MEDIA",
@@ -129,6 +132,7 @@ __all__ = [
     "PublisherConfig",
     "PublisherStats",
     "RoutingDecision",
+    "SequenceSource",
     "SubscriberConfig",
     "SubscriberStats",
     "TierOverlap",
@@ -136,6 +140,7 @@ __all__ = [
     "WorkerId",
     "ZmqEventPublisher",
     "check_events",
+    "clock_base",
     "decode_batch",
     "encode_batch",
 ]

@@ -5,19 +5,25 @@ Payload layout (one ZMQ message's third frame)::
     [ts: float, events: [event, ...], dp_rank: int | nil]      array of 3
 
     event (a map; "type" is always the first key):
-      {"type": "BlockStored", "block_hashes": [int, ...],
-       "parent_block_hash": int,        # left out when None
+      {"type": "BlockStored",
+       "block_hashes": [int, ...],
+       "parent_block_hash": int | nil,
        "token_ids": [int, ...],         # len == len(block_hashes) * block_size
        "block_size": int,
-       "lora_id": int,                  # left out when None
-       "medium": "GPU" | "CPU_PINNED" | "DISK",
-       "lora_name": str}                # left out when None
+       "lora_id": int | nil,
+       "medium": str,
+       "lora_name": str | nil,
+       "cache_salt": str,               # only for a salted namespace
+       "extra_keys": [[...] | nil, ...]}  # only with a salt or extra keys; one per block
       {"type": "BlockRemoved", "block_hashes": [int, ...], "medium": str}
       {"type": "AllBlocksCleared"}
 
-Required keys are always written; ``medium`` is required on both stores and
-removals (a record's ``medium=None`` is written as ``"GPU"``). Only the
-"int or nil" keys are optional, and they are left out when None.
+Every key of the first seven is always written, nil where empty: vLLM's and
+SGLang's typed decoders declare them without defaults and refuse a map that
+lacks one. ``cache_salt`` and ``extra_keys`` have defaults in those decoders,
+so they are written only when they carry something. ``medium`` uses SGLang's
+names (GPU, CPU_PINNED, DISK, EXTERNAL) unless the encoder is built with the
+"vllm" vocabulary (GPU, CPU, STORAGE, EXTERNAL); the decoder reads both.
 
 Encoding builds the maps directly from the records and packs the whole batch
 with one call of a reused ``msgpack.Packer``: no per-event intermediate
@@ -37,6 +43,8 @@ from radixcache.events.types import (
     GPU,
     HASH_LIMIT,
     MEDIA,
+    MEDIUM_OF_WIRE,
+    VOCABULARIES,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -56,22 +64,26 @@ class DecodeError(ValueError):
     """A payload that does not follow the wire format; the message says why."""
 
 
-def _wire_map(e: KvEvent) -> dict[str, Any]:
+def _wire_map(e: KvEvent, names: dict[str, str]) -> dict[str, Any]:
     """The wire map of one record; keys in wire order, "type" first."""
     if type(e) is BlockStored:
-        m: dict[str, Any] = {"type": STORED, "block_hashes": e.block_hashes}
-        if e.parent_block_hash is not None:
-            m["parent_block_hash"] = e.parent_block_hash
-        m["token_ids"] = e.token_ids
-        m["block_size"] = e.block_size
-        if e.lora_id is not None:
-            m["lora_id"] = e.lora_id
-        m["medium"] = e.medium or GPU
-        if e.lora_name is not None:
-            m["lora_name"] = e.lora_name
+        m: dict[str, Any] = {
+            "type": STORED,
+            "block_hashes": e.block_hashes,
+            "parent_block_hash": e.parent_block_hash,
+            "token_ids": e.token_ids,
+            "block_size": e.block_size,
+            "lora_id": e.lora_id,
+            "medium": names[e.medium or GPU],
+            "lora_name": e.lora_name,
+        }
+        if e.cache_salt is not None:
+            m["cache_salt"] = e.cache_salt
+        if e.extra_keys is not None:
+            m["extra_keys"] = e.extra_keys
         return m
     if type(e) is BlockRemoved:
-        return {"type": REMOVED, "block_hashes": e.block_hashes, "medium": e.medium or GPU}
+        return {"type": REMOVED, "block_hashes": e.block_hashes, "medium": names[e.medium or GPU]}
     if type(e) is AllBlocksCleared:
         return _CLEARED_MAP
     raise TypeError(f"not an event record: {type(e).__name__}")
@@ -80,17 +92,23 @@ def _wire_map(e: KvEvent) -> dict[str, Any]:
 class BatchEncoder:
     """Encodes batches into payload bytes, reusing one packer.
 
+    ``media`` picks the medium vocabulary: "sglang" (the default) or "vllm".
     Not thread safe: each thread that encodes owns its own encoder.
     """
 
-    __slots__ = ("_pack",)
+    __slots__ = ("_names", "_pack")
 
-    def __init__(self) -> None:
+    def __init__(self, media: str = "sglang") -> None:
+        names = VOCABULARIES.get(media)
+        if names is None:
+            raise ValueError(f"media vocabulary must be one of {sorted(VOCABULARIES)}, got {media!r}")
+        self._names = names
         self._pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
     def encode(self, events: Sequence[KvEvent], ts: float, dp_rank: int | None = None) -> bytes:
         """The payload of one batch of ``events`` published at ``ts``."""
-        payload: bytes = self._pack([ts, [_wire_map(e) for e in events], dp_rank])
+        names = self._names
+        payload: bytes = self._pack([ts, [_wire_map(e, names) for e in events], dp_rank])
         return payload
 
     def encode_batch(self, batch: EventBatch) -> bytes:
@@ -113,10 +131,20 @@ def _hash_problem(hashes: Any, what: str) -> str | None:
         return f"{what} must be a list of ints, got {type(hashes).__name__}"
     if not hashes:
         return f"{what} is empty"
+    if _hashes_ok(hashes):
+        return None
     for h in hashes:
         if type(h) is not int or h < 0 or h >= HASH_LIMIT:
             return f"{what} holds {h!r}: hashes are ints in [0, 2**63)"
     return None
+
+
+def _hashes_ok(hashes: Any) -> bool:
+    """All ints (not bools) in [0, 2**63), checked in C."""
+    return set(map(type, hashes)) == _INT_ONLY and min(hashes) >= 0 and max(hashes) < HASH_LIMIT
+
+
+_INT_ONLY = {int}
 
 
 def _tokens_problem(tokens: Any, blocks: int, block_size: int) -> str | None:
@@ -136,6 +164,19 @@ def _tokens_problem(tokens: Any, blocks: int, block_size: int) -> str | None:
         total = None
     if type(total) is not int:
         return "token_ids must hold only ints"
+    return None
+
+
+def _extra_problem(extra: Any, blocks: int) -> str | None:
+    """Why ``extra`` is not None or one tuple (or None) per block, or None."""
+    if extra is None:
+        return None
+    if type(extra) is not list or len(extra) != blocks:
+        n = len(extra) if type(extra) is list else type(extra).__name__
+        return f"extra_keys must be a list of one entry per block ({blocks}), got {n}"
+    for k in extra:
+        if k is not None and type(k) is not tuple and type(k) is not list:
+            return f"extra_keys entries must be tuples or None, got {type(k).__name__}"
     return None
 
 
@@ -159,6 +200,11 @@ def _event_problem(event: Any) -> str | None:
             return f"lora_id must be an int or None, got {event.lora_id!r}"
         if event.lora_name is not None and type(event.lora_name) is not str:
             return f"lora_name must be a str or None, got {event.lora_name!r}"
+        if event.cache_salt is not None and type(event.cache_salt) is not str:
+            return f"cache_salt must be a str or None, got {event.cache_salt!r}"
+        problem = _extra_problem(event.extra_keys, len(event.block_hashes))
+        if problem:
+            return problem
     elif kind is BlockRemoved:
         problem = _hash_problem(event.block_hashes, "block_hashes")
         if problem:
@@ -205,11 +251,8 @@ def _decode_stored(m: dict[str, Any]) -> BlockStored:
     bs = m.get("block_size")
     tokens = m.get("token_ids")
     medium = m.get("medium")
-    if type(hashes) is not list or not hashes:
+    if type(hashes) is not list or not hashes or not _hashes_ok(hashes):
         raise _fail(m, _STORED_KEYS, _hash_problem(hashes, "block_hashes") or "")
-    for h in hashes:
-        if type(h) is not int or h < 0 or h >= HASH_LIMIT:
-            raise DecodeError(_hash_problem(hashes, "block_hashes") or "")
     if type(bs) is not int or bs <= 0:
         raise _fail(m, _STORED_KEYS, f"block_size must be a positive int, got {bs!r}")
     if type(tokens) is not list or len(tokens) != len(hashes) * bs:
@@ -220,8 +263,7 @@ def _decode_stored(m: dict[str, Any]) -> BlockStored:
         total = None
     if type(total) is not int:
         raise DecodeError("token_ids must hold only ints")
-    if medium not in MEDIA:  # a tuple: compares, never hashes the value
-        raise _fail(m, _STORED_KEYS, f"medium {medium!r} is not one of {MEDIA}")
+    medium = _medium(m, medium, _STORED_KEYS)
     parent = m.get("parent_block_hash")
     if parent is not None and (type(parent) is not int or not 0 <= parent < HASH_LIMIT):
         raise DecodeError(f"parent_block_hash {parent!r} is not an int in [0, 2**63)")
@@ -231,7 +273,26 @@ def _decode_stored(m: dict[str, Any]) -> BlockStored:
     lora_name = m.get("lora_name")
     if lora_name is not None and type(lora_name) is not str:
         raise DecodeError(f"lora_name must be a str or nil, got {lora_name!r}")
-    return BlockStored(hashes, parent, tokens, bs, lora_id, medium, lora_name)
+    salt = m.get("cache_salt")
+    extra = m.get("extra_keys")
+    if salt is None and extra is None:
+        return BlockStored(hashes, parent, tokens, bs, lora_id, medium, lora_name)
+    if salt is not None and type(salt) is not str:
+        raise DecodeError(f"cache_salt must be a str or nil, got {salt!r}")
+    problem = _extra_problem(extra, len(hashes))
+    if problem:
+        raise DecodeError(problem)
+    if extra is not None:
+        extra = [None if k is None else tuple(k) for k in extra]
+    return BlockStored(hashes, parent, tokens, bs, lora_id, medium, lora_name, salt, extra)
+
+
+def _medium(m: dict[str, Any], wire: Any, required: tuple[str, ...]) -> Any:
+    """The record medium of a wire name (either vocabulary)."""
+    medium = MEDIUM_OF_WIRE.get(wire) if type(wire) is str else None
+    if medium is None:
+        raise _fail(m, required, f"medium {wire!r} is not one of {sorted(MEDIUM_OF_WIRE)}")
+    return medium
 
 
 def _decode_removed(m: dict[str, Any]) -> BlockRemoved:
@@ -240,9 +301,7 @@ def _decode_removed(m: dict[str, Any]) -> BlockRemoved:
     problem = _hash_problem(hashes, "block_hashes")
     if problem:
         raise _fail(m, _REMOVED_KEYS, problem)
-    if medium not in MEDIA:
-        raise _fail(m, _REMOVED_KEYS, f"medium {medium!r} is not one of {MEDIA}")
-    return BlockRemoved(hashes, medium)
+    return BlockRemoved(hashes, _medium(m, medium, _REMOVED_KEYS))
 
 
 def _decode_event(m: Any) -> KvEvent:

@@ -5,9 +5,22 @@ tenant, seeded per process, computed over extra keys the wire doesn't show).
 So the index rehashes the token ids of every stored block with its own chained
 hash and answers queries in that "local" hash space::
 
-    local(block) = blake2b_8(local(parent) | ns | token_ids as int64)
+    local(block) = blake2b_8(local(parent) | ns | token_ids as int64 | extra)
     local(parent of a first block) = 8 zero bytes
-    ns = blake2b_8(lora_id, lora_name)       (the namespace the wire shows)
+    ns = blake2b_8(lora_id, lora_name, cache_salt)   (the namespace the wire shows)
+    extra = repr(the block's extra_keys entry), or nothing when it is nil
+
+Salted tenants therefore never share a local hash, even over the same system
+prompt. A query names the namespace the same way (``lora_id``, ``lora_name``,
+``cache_salt``, ``extra_keys``); a radixcache engine publishes, for every
+block of a namespace with a salt or extra keys, the entry
+``(cache_salt, *extra_keys)`` (the salt left out when there is none), and a
+query builds the same entry from its arguments.
+
+A block whose parent the index does not know (an orphan: its parent left
+every medium first, as a storage tier that evicts a prefix before its suffix
+does) is kept by engine hash, counted in ``resident``, and placed as soon as
+its parent is stored again; a prefix query cannot reach it before that.
 
 Per worker it keeps ``engine hash -> local hash`` (removals arrive by engine
 hash) and ``engine hash -> media`` (a bit per medium). Two engine hashes can
@@ -36,6 +49,7 @@ from radixcache.events.types import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    EXTERNAL,
     EventBatch,
     KvEvent,
     Medium,
@@ -48,8 +62,9 @@ WorkerId = Hashable  # whatever the router names its workers by
 PoolLookupFn = Callable[[Sequence[int], int, "int | None", "str | None"], "int | None"]
 W = TypeVar("W", bound=Hashable)  # the caller's own worker-id type, kept in answers
 
-_BIT: dict[str | None, int] = {GPU: 1, CPU_PINNED: 2, DISK: 4, None: 1}  # None means GPU
-_SLOT: dict[int, int] = {1: 0, 2: 1, 4: 2}  # media bit -> index into per-medium refs
+_BIT: dict[str | None, int] = {GPU: 1, CPU_PINNED: 2, DISK: 4, EXTERNAL: 8, None: 1}  # None: GPU
+_SLOT: dict[int, int] = {1: 0, 2: 1, 4: 2, 8: 3}  # media bit -> index into per-medium refs
+_ALL_BITS = 15
 _UP_TO_HOST = 1 | 2  # resident on GPU or CPU_PINNED
 _ROOT = bytes(8)  # local hash "before" a sequence's first block
 
@@ -96,7 +111,8 @@ class TierOverlap:
 
     ``gpu``: longest prefix whose every block is on GPU. ``host``: longest
     prefix whose every block is on GPU or CPU_PINNED. ``disk``: longest prefix
-    whose every block is on some medium. Hence ``gpu <= host <= disk``.
+    whose every block is on some medium (DISK or EXTERNAL included). Hence
+    ``gpu <= host <= disk``.
     """
 
     gpu: int
@@ -120,19 +136,33 @@ class RoutingDecision(Generic[W]):
 class IndexStats:
     """Events the index could not apply as such (counted, never raised)."""
 
-    orphan_blocks: int  # stored blocks whose parent was unknown (not indexed)
+    orphan_blocks: int  # stored blocks whose parent was unknown (held until it returns)
     unknown_removals: int  # removals of blocks not resident on that medium
     conflicts: int  # an engine hash re-stored with other tokens (old one dropped)
 
 
+class _Orphan:
+    """A stored block whose parent is unknown: what placing it later needs."""
+
+    __slots__ = ("data", "media", "ns", "parent")
+
+    def __init__(self, parent: int, ns: bytes, data: bytes) -> None:
+        self.parent = parent  # engine hash of the parent it waits for
+        self.ns = ns  # namespace key
+        self.data = data  # token ids as int64 bytes + extra-key bytes
+        self.media = 0  # media bits it was stored on
+
+
 class _Worker:
-    __slots__ = ("local_of", "media_of", "refs")
+    __slots__ = ("local_of", "media_of", "orphans", "refs", "waiting")
 
     def __init__(self) -> None:
         self.local_of: dict[int, bytes] = {}  # engine hash -> local hash
         self.media_of: dict[int, int] = {}  # engine hash -> media bits (never 0)
-        # per medium (GPU, CPU_PINNED, DISK): local hash -> engine hashes behind it
-        self.refs: tuple[dict[bytes, int], ...] = ({}, {}, {})
+        # per medium (GPU, CPU_PINNED, DISK, EXTERNAL): local hash -> engine hashes behind it
+        self.refs: tuple[dict[bytes, int], ...] = ({}, {}, {}, {})
+        self.orphans: dict[int, _Orphan] = {}  # engine hash -> orphan (not in local_of)
+        self.waiting: dict[int, list[int]] = {}  # parent engine hash -> orphans' hashes
 
 
 class KvIndex:
@@ -145,7 +175,7 @@ class KvIndex:
         self._pool_lookup = pool_lookup  # asked by choose(); see _pool_blocks
         self._workers: dict[WorkerId, _Worker] = {}
         self._holders: dict[bytes, dict[WorkerId, int]] = {}  # local -> {worker: media bits}
-        self._ns_cache: dict[tuple[int | None, str | None], bytes] = {}
+        self._ns_cache: dict[tuple[int | None, str | None, str | None], bytes] = {}
         self._orphans = 0
         self._unknown_removals = 0
         self._conflicts = 0
@@ -176,7 +206,9 @@ class KvIndex:
             state = self._workers.get(worker)
             bit = _BIT[event.medium]
             for engine_hash in event.block_hashes:
-                if state is None or not self._drop(worker, state, engine_hash, bit):
+                if state is None or not (
+                    self._drop(worker, state, engine_hash, bit) or self._drop_orphan(state, engine_hash, bit)
+                ):
                     self._unknown_removals += 1
         elif type(event) is AllBlocksCleared:
             self.clear_worker(worker)
@@ -201,8 +233,8 @@ class KvIndex:
         self.clear_worker(worker)
         del self._workers[worker]
 
-    def _ns(self, lora_id: int | None, lora_name: str | None) -> bytes:
-        key = (lora_id, lora_name)
+    def _ns(self, lora_id: int | None, lora_name: str | None, cache_salt: str | None = None) -> bytes:
+        key = (lora_id, lora_name, cache_salt)
         ns = self._ns_cache.get(key)
         if ns is None:
             ns = _digest(repr(key).encode())
@@ -218,35 +250,102 @@ class KvIndex:
             data = array("q", event.token_ids).tobytes()
         except (OverflowError, TypeError) as exc:
             raise ValueError(f"token ids of a BlockStored do not fit int64: {exc}") from None
-        ns = self._ns(event.lora_id, event.lora_name)
-        if event.parent_block_hash is None:
+        ns = self._ns(event.lora_id, event.lora_name, event.cache_salt)
+        extra = event.extra_keys
+        parent_hash = event.parent_block_hash
+        if parent_hash is None:
             parent: bytes | None = _ROOT
         else:
-            parent = state.local_of.get(event.parent_block_hash)
+            parent = state.local_of.get(parent_hash)
         bit = _BIT[event.medium]
         width = 8 * bs
         for i, engine_hash in enumerate(event.block_hashes):
+            block = data[i * width : (i + 1) * width]
+            entry = None if extra is None else extra[i]
+            if entry is not None:
+                block += repr(tuple(entry)).encode()
             known = state.local_of.get(engine_hash)
-            if parent is None:  # chain broken: only already-known blocks can be placed
-                local = known
+            local = known if parent is None else _digest(parent + ns + block)
+            if local is None:  # parent unknown: keep it until the parent returns
+                assert parent_hash is not None
+                self._hold_orphan(state, engine_hash, parent_hash, ns, block, bit)
             else:
-                local = _digest(parent + ns + data[i * width : (i + 1) * width])
-            if local is None:
-                self._orphans += 1
-                continue
-            if known is not None and known != local:
-                self._conflicts += 1
-                for b in (1, 2, 4):
-                    self._drop(worker, state, engine_hash, b)
-            self._add(worker, state, engine_hash, local, bit)
+                if known is not None and known != local:
+                    self._conflicts += 1
+                    for b in _SLOT:
+                        self._drop(worker, state, engine_hash, b)
+                self._add(worker, state, engine_hash, local, bit)
             parent = local
+            parent_hash = engine_hash
 
-    def _add(self, worker: WorkerId, state: _Worker, engine_hash: int, local: bytes, bit: int) -> None:
+    def _hold_orphan(
+        self, state: _Worker, engine_hash: int, parent_hash: int, ns: bytes, data: bytes, bit: int
+    ) -> None:
+        orphan = state.orphans.get(engine_hash)
+        if orphan is None or orphan.parent != parent_hash or orphan.data != data or orphan.ns != ns:
+            if orphan is not None:
+                self._forget_orphan(state, engine_hash)
+            orphan = state.orphans[engine_hash] = _Orphan(parent_hash, ns, data)
+            state.waiting.setdefault(parent_hash, []).append(engine_hash)
+        if not orphan.media & bit:
+            self._orphans += 1
+        orphan.media |= bit
+
+    def _forget_orphan(self, state: _Worker, engine_hash: int) -> None:
+        orphan = state.orphans.pop(engine_hash)
+        waiters = state.waiting[orphan.parent]
+        waiters.remove(engine_hash)
+        if not waiters:
+            del state.waiting[orphan.parent]
+
+    def _drop_orphan(self, state: _Worker, engine_hash: int, bit: int) -> bool:
+        orphan = state.orphans.get(engine_hash)
+        if orphan is None or not orphan.media & bit:
+            return False
+        orphan.media &= ~bit
+        if not orphan.media:
+            self._forget_orphan(state, engine_hash)
+        return True
+
+    def _adopt(self, worker: WorkerId, state: _Worker, parent_hash: int) -> None:
+        """Place the orphans waiting for ``parent_hash`` (now known), and theirs."""
+        todo = [parent_hash]
+        while todo:
+            p = todo.pop()
+            parent_local = state.local_of.get(p)
+            if parent_local is None:
+                continue
+            for h in list(state.waiting.get(p, ())):
+                orphan = state.orphans[h]
+                self._forget_orphan(state, h)
+                if h in state.local_of:
+                    continue  # placed meanwhile under its own parent chain
+                local = _digest(parent_local + orphan.ns + orphan.data)
+                for b in _SLOT:
+                    if orphan.media & b:
+                        self._add(worker, state, h, local, b, adopt=False)
+                todo.append(h)
+
+    def _add(
+        self, worker: WorkerId, state: _Worker, engine_hash: int, local: bytes, bit: int, adopt: bool = True
+    ) -> None:
         media = state.media_of.get(engine_hash, 0)
         if media & bit:
             return  # stored twice on the same medium: still one reference
+        if engine_hash in state.orphans:  # placed now: its orphan record is stale
+            orphan = state.orphans[engine_hash]
+            self._forget_orphan(state, engine_hash)
+            for b in _SLOT:  # it keeps what it was stored on meanwhile
+                if orphan.media & b and not (media | bit) & b:
+                    media |= b
+                    self._ref(worker, state, local, b)
         state.local_of[engine_hash] = local
         state.media_of[engine_hash] = media | bit
+        self._ref(worker, state, local, bit)
+        if adopt and engine_hash in state.waiting:
+            self._adopt(worker, state, engine_hash)
+
+    def _ref(self, worker: WorkerId, state: _Worker, local: bytes, bit: int) -> None:
         refs = state.refs[_SLOT[bit]]
         count = refs.get(local, 0)
         refs[local] = count + 1
@@ -288,13 +387,15 @@ class KvIndex:
     @overload
     def overlap(
         self, tokens: Sequence[int], *, block_size: int | None = None, lora_id: int | None = None,
-        lora_name: str | None = None, workers: None = None,
+        lora_name: str | None = None, cache_salt: str | None = None,
+        extra_keys: tuple[Any, ...] | None = None, workers: None = None,
     ) -> dict[WorkerId, TierOverlap]: ...
 
     @overload
     def overlap(
         self, tokens: Sequence[int], *, block_size: int | None = None, lora_id: int | None = None,
-        lora_name: str | None = None, workers: Iterable[W],
+        lora_name: str | None = None, cache_salt: str | None = None,
+        extra_keys: tuple[Any, ...] | None = None, workers: Iterable[W],
     ) -> dict[W, TierOverlap]: ...
 
     def overlap(
@@ -304,23 +405,28 @@ class KvIndex:
         block_size: int | None = None,
         lora_id: int | None = None,
         lora_name: str | None = None,
+        cache_salt: str | None = None,
+        extra_keys: tuple[Any, ...] | None = None,
         workers: Iterable[Any] | None = None,
     ) -> dict[Any, TierOverlap]:
         """Leading blocks of ``tokens`` each worker holds, per tier.
 
-        Only full blocks count. Answers for ``workers`` (default: every
-        worker the index knows), zeros for a worker holding nothing.
+        Only full blocks count. The namespace (``lora_id``, ``lora_name``,
+        ``cache_salt``, ``extra_keys``) must be the one the blocks were
+        stored under. Answers for ``workers`` (default: every worker the
+        index knows), zeros for a worker holding nothing.
         """
         bs = block_size or self.config.block_size
         blocks = len(tokens) // bs
         data = array("q", tokens[: blocks * bs]).tobytes()
-        ns = self._ns(lora_id, lora_name)
+        ns = self._ns(lora_id, lora_name, cache_salt)
+        tail = self.block_extra(cache_salt, extra_keys)
         width = 8 * bs
         runs: dict[WorkerId, list[int]] = {}  # worker -> [gpu, host, disk, tiers still running]
         alive: list[tuple[WorkerId, list[int]]] = []
         parent = _ROOT
         for i in range(blocks):
-            local = _digest(parent + ns + data[i * width : (i + 1) * width])
+            local = _digest(parent + ns + data[i * width : (i + 1) * width] + tail)
             held = self._holders.get(local)
             if i == 0:
                 if not held:
@@ -360,6 +466,8 @@ class KvIndex:
         block_size: int | None = None,
         lora_id: int | None = None,
         lora_name: str | None = None,
+        cache_salt: str | None = None,
+        extra_keys: tuple[Any, ...] | None = None,
     ) -> RoutingDecision[W]:
         """The candidate (a key of ``loads``) with the lowest routing cost.
 
@@ -372,16 +480,12 @@ class KvIndex:
         cfg = self.config
         bs = block_size or cfg.block_size
         request_blocks = len(tokens) // bs
-        overlaps = self.overlap(tokens, block_size=bs, lora_id=lora_id, lora_name=lora_name, workers=loads)
+        overlaps = self.overlap(
+            tokens, block_size=bs, lora_id=lora_id, lora_name=lora_name,
+            cache_salt=cache_salt, extra_keys=extra_keys, workers=loads,
+        )
         pool = self._pool_blocks(tokens, bs, lora_id, lora_name)
-        costs: dict[W, float] = {}
-        for w, o in overlaps.items():
-            cached = cfg.w_gpu * o.gpu + cfg.w_host * (o.host - o.gpu) + cfg.w_disk * (o.disk - o.host)
-            if pool:  # blocks past the worker's host overlap: each worth its best tier
-                both = max(0, min(pool, o.disk) - o.host)  # on its disk and in the pool
-                cached += max(0.0, cfg.w_pool - cfg.w_disk) * both
-                cached += cfg.w_pool * max(0, pool - max(o.disk, o.host))  # only in the pool
-            costs[w] = request_blocks - cached + cfg.w_load * loads[w]
+        costs = {w: self.cost(request_blocks, o, loads[w], pool) for w, o in overlaps.items()}
         best = min(costs, key=costs.__getitem__)  # first minimum: ties keep the loads' order
         return RoutingDecision(best, costs[best], request_blocks, overlaps, costs, pool)
 
@@ -399,6 +503,34 @@ class KvIndex:
             return None
         return None if hits is None else min(max(int(hits), 0), len(tokens) // bs)
 
+    def cost(
+        self, request_blocks: int, overlap: TierOverlap, load: float, pool: int | None = None
+    ) -> float:
+        """The routing cost of one candidate (lower is better); see ``IndexConfig``.
+
+        ``pool``: leading blocks a shared pool holds for every worker (None:
+        no pool, or its query failed). The one place the cost is computed.
+        """
+        cfg = self.config
+        o = overlap
+        cached = cfg.w_gpu * o.gpu + cfg.w_host * (o.host - o.gpu) + cfg.w_disk * (o.disk - o.host)
+        if pool:  # blocks past the worker's host overlap: each worth its best tier
+            both = max(0, min(pool, o.disk) - o.host)  # on its disk and in the pool
+            cached += max(0.0, cfg.w_pool - cfg.w_disk) * both
+            cached += cfg.w_pool * max(0, pool - max(o.disk, o.host))  # only in the pool
+        return request_blocks - cached + cfg.w_load * load
+
+    @staticmethod
+    def block_extra(cache_salt: str | None, extra_keys: tuple[Any, ...] | None) -> bytes:
+        """The bytes a query mixes into every block's local hash for a namespace.
+
+        Matches what a radixcache engine publishes per block: the entry
+        ``(cache_salt, *extra_keys)`` (salt left out when None), nothing when
+        both are empty.
+        """
+        entry = ((cache_salt,) if cache_salt is not None else ()) + tuple(extra_keys or ())
+        return repr(entry).encode() if entry else b""
+
     # ------------------------------------------------------------------ inspection
 
     def workers(self) -> list[WorkerId]:
@@ -411,7 +543,9 @@ class KvIndex:
         if state is None:
             return set()
         bit = _BIT[medium]
-        return {h for h, media in state.media_of.items() if media & bit}
+        held = {h for h, media in state.media_of.items() if media & bit}
+        held.update(h for h, orphan in state.orphans.items() if orphan.media & bit)
+        return held
 
     def stats(self) -> IndexStats:
         """A snapshot of the counters."""
@@ -422,9 +556,13 @@ class KvIndex:
         expected: dict[bytes, dict[WorkerId, int]] = {}
         for w, state in self._workers.items():
             assert state.local_of.keys() == state.media_of.keys(), f"{w}: maps disagree"
-            counts: tuple[dict[bytes, int], ...] = ({}, {}, {})
+            counts: tuple[dict[bytes, int], ...] = ({}, {}, {}, {})
+            assert not state.orphans.keys() & state.local_of.keys(), f"{w}: placed orphans"
+            for h, orphan in state.orphans.items():
+                assert orphan.media and h in state.waiting[orphan.parent], f"{w}: orphan {h} lost"
+            assert sum(map(len, state.waiting.values())) == len(state.orphans), f"{w}: waiting drifted"
             for h, media in state.media_of.items():
-                assert media and not media & ~7, f"{w}: bad media bits {media} for {h}"
+                assert media and not media & ~_ALL_BITS, f"{w}: bad media bits {media} for {h}"
                 for bit, slot in _SLOT.items():
                     if media & bit:
                         local = state.local_of[h]

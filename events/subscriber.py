@@ -3,24 +3,30 @@
 One SUB socket per worker (a shared one could not tell workers apart when
 topics are empty) and, per worker with a replay endpoint, one DEALER socket
 for repairs. For each worker the subscriber keeps ``next_seq`` (the batch it
-must apply next) and ``last_live`` (the newest sequence number seen live)::
+must apply next; None before the first) and ``last_live`` (the newest
+sequence number seen live)::
 
     live batch seq s
-      s <= last_live, or the    publisher restarted (or may have): drop the
-      connection dropped        worker's state, expect seq 0 again (a new
-      since the last batch      publisher's batch 0 clears too)
-      s <  next_seq             already applied through a replay: skip
-      s >  next_seq             gap: replay from next_seq, apply what comes
-                                back in order; if the replay lacks next_seq
-                                (too old, no replay, timeout) drop the state
-                                and resume from the oldest contiguous batch
-      s == next_seq             decode and apply
+      first batch, or s > next_seq   catch up: replay from next_seq (0 when
+                                     new); apply the answer in order. If it
+                                     does not start at next_seq (too old, a
+                                     restart, no replay), drop the worker's
+                                     state first and apply from the answer's
+                                     first batch (a restart's AllBlocksCleared)
+      s <= last_live                 the publisher went backwards (a peer that
+                                     restarts from 0): drop the state, catch up
+      s <  next_seq                  already applied through a replay: skip
+      s == next_seq                  decode and apply
 
-A subscriber that joins late sees its first batch as a gap from 0 and so
-starts with the whole replay buffer. Malformed messages (wrong frame count,
-short sequence frame, payloads that fail ``decode_batch``) are logged,
-counted and skipped; a malformed batch still advances ``next_seq``, since a
-replay would return the same bytes.
+    connection to a worker's PUB re-established (after a drop)
+      catch up at once, without waiting for traffic: a restarted engine's
+      numbers are above the old ones (``events.sequence``), so the replay
+      answer starts with its AllBlocksCleared and the old state goes within
+      about the reconnect interval (100 ms) even when the engine is idle
+
+Malformed messages (wrong frame count, short sequence frame, payloads that
+fail ``decode_batch``) are logged, counted and skipped; a malformed batch
+still advances ``next_seq``, since a replay would return the same bytes.
 
 Threads: ``poll``/``run_until`` run on the caller's thread. ``start`` hands
 every socket to a background thread instead; the sink is then mutated under
@@ -41,6 +47,7 @@ import zmq
 from radixcache.events.codec import DecodeError, decode_batch
 from radixcache.events.index import WorkerId
 from radixcache.events.publisher import seq_frame
+from zmq.utils.monitor import parse_monitor_message
 from radixcache.events.types import EventBatch
 
 logger = logging.getLogger(__name__)
@@ -93,7 +100,7 @@ class SubscriberStats:
     gaps: int = 0  # sequence jumps seen
     repaired: int = 0  # gaps filled entirely from replay
     unrepaired: int = 0  # gaps replay could not fill (worker state dropped)
-    restarts: int = 0  # restarts or reconnects seen (worker state rebuilt from replay)
+    restarts: int = 0  # restarts or reconnects seen (worker caught up from replay)
     replayed: int = 0  # batches received in replay answers
 
 
@@ -106,9 +113,9 @@ class _Worker:
         self.monitor = monitor  # tells when sub's connection drops
         self.dealer: zmq.Socket[bytes] | None = None  # replay socket, made on first need
         self.topic = spec.topic.encode()
-        self.next_seq = 0  # the batch to apply next
+        self.next_seq: int | None = None  # the batch to apply next; None: none applied yet
         self.last_live: int | None = None  # newest sequence number seen live
-        self.reconnected = False  # the connection dropped since the last live batch
+        self.reconnected = False  # the connection dropped and has not come back yet
 
 
 class EventSubscriber:
@@ -144,7 +151,7 @@ class EventSubscriber:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, self.config.rcv_hwm)
         sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
-        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sub.connect(spec.endpoint)
         worker = _Worker(spec, sub, monitor)
         self._workers[spec.worker_id] = worker
@@ -165,8 +172,9 @@ class EventSubscriber:
         with self.lock:
             self.sink.clear_worker(worker_id)
 
-    def next_seq(self, worker_id: WorkerId) -> int:
-        """The sequence number of the batch this worker's stream applies next."""
+    def next_seq(self, worker_id: WorkerId) -> int | None:
+        """The sequence number of the batch this worker's stream applies next
+        (None before its first batch)."""
         return self._workers[worker_id].next_seq
 
     def stats(self) -> SubscriberStats:
@@ -245,13 +253,13 @@ class EventSubscriber:
         ready = [sock for sock, _ in self._poller.poll(timeout_ms)]
         applied = self._stats.applied
         limit = self.config.max_batches_per_poll
-        # Monitors first: a dropped connection must be known before the
-        # batches that arrive over the next one.
+        # Monitors first: a connection that came back is caught up before
+        # the batches that arrive over it.
         for sock in ready:
-            if sock in self._by_monitor:
+            worker = self._by_monitor.get(sock)
+            if worker is not None:
                 while sock.poll(0):
-                    sock.recv_multipart()
-                    self._by_monitor[sock].reconnected = True
+                    self._on_monitor(worker, parse_monitor_message(sock.recv_multipart())["event"])
         for sock in ready:
             worker = self._by_socket.get(sock)
             if worker is None:
@@ -266,6 +274,19 @@ class EventSubscriber:
         return self._stats.applied - applied
 
     # ------------------------------------------------------------------ the stream logic
+
+    def _on_monitor(self, worker: _Worker, event: int) -> None:
+        if event == zmq.EVENT_DISCONNECTED:
+            worker.reconnected = True
+            if worker.dealer is not None:  # its pipe died with the peer: start afresh
+                worker.dealer.close(0)
+                worker.dealer = None
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and worker.reconnected:
+            worker.reconnected = False
+            self._stats.restarts += 1
+            logger.info("worker %r reconnected; catching up from replay", worker.spec.worker_id)
+            with self.lock:
+                self._catch_up(worker, None)
 
     def _on_live(self, worker: _Worker, frames: list[bytes]) -> None:
         stats = self._stats
@@ -282,23 +303,61 @@ class EventSubscriber:
             stats.malformed += 1
             logger.warning("worker %r: negative sequence number %d", worker.spec.worker_id, seq)
             return
-        if worker.last_live is not None and (seq <= worker.last_live or worker.reconnected):
-            # Sequence numbers went back: a new incarnation. After a dropped
-            # connection we cannot tell a restart that already got past our
-            # last number from a blip, so both rebuild from replay.
+        if worker.last_live is not None and seq <= worker.last_live:
+            # Numbers went back: a publisher that restarts its count. Drop
+            # what we hold and start over from its replay buffer.
             stats.restarts += 1
-            logger.info("worker %r restarted or reconnected (seq %d after %d); rebuilding its state",
+            logger.info("worker %r restarted (seq %d after %d); rebuilding its state",
                         worker.spec.worker_id, seq, worker.last_live)
             self.sink.clear_worker(worker.spec.worker_id)
-            worker.next_seq = 0
-        worker.reconnected = False
+            worker.next_seq = None
         worker.last_live = seq
-        if seq > worker.next_seq:
-            self._repair(worker, seq)
+        if worker.next_seq is None or seq > worker.next_seq:
+            self._catch_up(worker, seq)
+        assert worker.next_seq is not None
         if seq < worker.next_seq:
             stats.duplicates += 1
             return
         self._apply(worker, seq, frames[2])
+
+    def _catch_up(self, worker: _Worker, live_seq: int | None) -> None:
+        """Apply what replay holds from ``next_seq`` on (up to ``live_seq``, the
+        live batch in hand, if any); drop the state first if it does not
+        continue ours. Leaves ``next_seq`` set."""
+        stats = self._stats
+        fresh = worker.next_seq is None
+        start = 0 if worker.next_seq is None else worker.next_seq
+        if live_seq is not None and not fresh:
+            stats.gaps += 1
+        replayed = self._fetch(worker, start) or []
+        if live_seq is not None:
+            replayed = [(s, p) for s, p in replayed if s < live_seq]
+        continues = not fresh and (not replayed or replayed[0][0] == start)
+        if not continues and not fresh:
+            if live_seq is not None:
+                stats.unrepaired += 1
+            logger.warning(
+                "worker %r: batches from %d are not in replay (a restart or a lost gap); dropping its state",
+                worker.spec.worker_id, start,
+            )
+        if not continues:
+            self.sink.clear_worker(worker.spec.worker_id)
+            worker.next_seq = replayed[0][0] if replayed else live_seq
+        for seq, payload in replayed:
+            if seq == worker.next_seq:
+                self._apply(worker, seq, payload)
+        if live_seq is None:
+            if worker.next_seq is None:  # no live batch, nothing in replay: wait for one
+                return
+        elif worker.next_seq is None or worker.next_seq < live_seq:
+            # A hole between the replay's end and the live batch: what we
+            # built misses batches. Start over from the live one.
+            if worker.next_seq is not None:
+                stats.unrepaired += 1
+                self.sink.clear_worker(worker.spec.worker_id)
+            worker.next_seq = live_seq
+        elif not fresh and continues:
+            stats.repaired += 1
 
     def _apply(self, worker: _Worker, seq: int, payload: bytes) -> None:
         assert seq == worker.next_seq, f"applying batch {seq}, expected {worker.next_seq}"
@@ -316,36 +375,6 @@ class EventSubscriber:
             logger.exception("worker %r: batch %d rejected by the sink", worker.spec.worker_id, seq)
             return
         self._stats.applied += 1
-
-    def _repair(self, worker: _Worker, live_seq: int) -> None:
-        """Fill ``next_seq .. live_seq - 1`` from replay, or drop the state and resume."""
-        stats = self._stats
-        stats.gaps += 1
-        replayed = self._fetch(worker, worker.next_seq)
-        if replayed and replayed[0][0] <= worker.next_seq:
-            for seq, payload in replayed:
-                if seq == worker.next_seq:
-                    self._apply(worker, seq, payload)
-            if worker.next_seq >= live_seq:
-                stats.repaired += 1
-                return
-        # Unrepairable: what we hold is missing batches. Start over from the
-        # oldest batch from which replay (plus this live one) is contiguous.
-        stats.unrepaired += 1
-        logger.warning(
-            "worker %r: batches from %d are lost; dropping its state", worker.spec.worker_id, worker.next_seq
-        )
-        self.sink.clear_worker(worker.spec.worker_id)
-        resume = live_seq
-        for seq, _ in reversed(replayed or []):
-            if seq == resume - 1:
-                resume = seq
-            elif seq < resume - 1:
-                break
-        worker.next_seq = resume
-        for seq, payload in replayed or []:
-            if seq == worker.next_seq and seq < live_seq:
-                self._apply(worker, seq, payload)
 
     def _fetch(self, worker: _Worker, start: int) -> list[tuple[int, bytes]] | None:
         """Ask the worker's replay socket for batches ``>= start``; None if it can't."""

@@ -25,15 +25,30 @@ all the same, before and after publishing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
-Medium = Literal["GPU", "CPU_PINNED", "DISK"]
+Medium = Literal["GPU", "CPU_PINNED", "DISK", "EXTERNAL"]
 
 GPU: Final = "GPU"  # device memory (HBM, or a CPU tensor without a GPU)
 CPU_PINNED: Final = "CPU_PINNED"  # pinned host memory (the host tier)
 DISK: Final = "DISK"  # committed to the local storage tier (LMDB)
+EXTERNAL: Final = "EXTERNAL"  # committed to a shared pool (a storage server)
 
-MEDIA: Final[tuple[Medium, ...]] = (GPU, CPU_PINNED, DISK)  # best tier first
+MEDIA: Final[tuple[Medium, ...]] = (GPU, CPU_PINNED, DISK, EXTERNAL)  # best tier first
+
+# Medium vocabularies on the wire. Records always use SGLang's names (the
+# default vocabulary); an encoder set to "vllm" writes vLLM's names instead,
+# and the decoder reads either.
+SGLANG_NAMES: Final[dict[str, str]] = {m: m for m in MEDIA}
+VLLM_NAMES: Final[dict[str, str]] = {
+    GPU: "GPU", CPU_PINNED: "CPU", DISK: "STORAGE", EXTERNAL: "EXTERNAL",
+}
+VOCABULARIES: Final[dict[str, dict[str, str]]] = {"sglang": SGLANG_NAMES, "vllm": VLLM_NAMES}
+# wire name -> record medium, for both vocabularies
+MEDIUM_OF_WIRE: Final[dict[str, Medium]] = {
+    **{v: k for k, v in VLLM_NAMES.items()},  # type: ignore[misc]
+    **{m: m for m in MEDIA},
+}
 
 HASH_LIMIT: Final = 1 << 63  # block hashes are ints in [0, HASH_LIMIT)
 
@@ -43,7 +58,10 @@ class BlockStored:
     """``len(block_hashes)`` consecutive blocks became resident on ``medium``.
 
     ``token_ids`` holds all tokens of these blocks, concatenated, so its
-    length is ``len(block_hashes) * block_size``. Block ``i`` chains to block
+    length is ``len(block_hashes) * block_size``. A salted namespace sets
+    ``cache_salt``; a namespace with a salt or extra keys also sets
+    ``extra_keys``, one entry per block (what a router mixes into that
+    block's hash to keep namespaces apart). Block ``i`` chains to block
     ``i - 1``; the first one chains to ``parent_block_hash`` (None for a block
     that starts a sequence). ``medium=None`` means the device tier, as peers
     read an unnamed medium; the encoder always writes the medium out.
@@ -56,6 +74,9 @@ class BlockStored:
     lora_id: int | None = None  # adapter id of the namespace, if any
     medium: Medium | None = None  # where the blocks now live; None means GPU
     lora_name: str | None = None  # adapter name of the namespace, if any
+    cache_salt: str | None = None  # tenant salt of the namespace (SGLang's key)
+    # vLLM's per-block extra keys (one tuple or None per block), or None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
 
 
 @dataclass(slots=True)

@@ -7,17 +7,32 @@ guarantees. Who does what::
     ------------                          -------------------------------------
     publish(events)
       check records (ValueError)
-      seq = next_seq++                    loop:
+      seq = next number                   loop:
       replay buffer <- (seq, ts, events)    take every pending batch
       pending queue <- batch, or drop       encode (once; kept for replay)
         when full (counted)                 PUB  <- [topic, seq, payload]
-      wake the thread if it sleeps          ROUTER: answer replay requests
+      wake the thread if it sleeps          ROUTER: take replay requests, then
+                                              send one bounded slice of answers
                                             sleep in poll() until woken
 
 The sequence number and the replay-buffer entry are taken *before* the
 bounded queue, so a batch the queue had no room for is still replayable: a
 subscriber sees the gap and fetches it. ``publish`` never blocks on I/O; its
-only lock is held for a few list operations.
+only lock is held for a few list operations. Sequence numbers come from
+``events.sequence`` (never backwards across restarts). The first batch,
+``[AllBlocksCleared]``, is in the replay buffer before either socket is
+bound, so a consumer that asks for replay as soon as it (re)connects always
+finds it.
+
+Replay under abuse: each client identity has at most one replay in flight (a
+new request replaces its previous one); at most ``replay_clients`` replays run
+at once (the oldest is dropped beyond); answers go out in slices of at most
+``replay_slice_bytes`` between two looks at the live queue, paced by a token
+bucket of ``replay_bytes_per_s``. The ROUTER refuses to queue more than
+``replay_hwm`` messages for a client that does not read (``ROUTER_MANDATORY``):
+its replay pauses, and is dropped after ``replay_stall_s``. So a flooding or
+never-reading client delays a live batch by at most one slice's send time and
+holds at most ``replay_clients * replay_hwm`` queued messages.
 
 Costs, for a 16-page ``BlockStored``: about 2 us of checks in ``publish`` and
 5 us of encoding on the thread. The thread shares the GIL with the owner, so
@@ -32,7 +47,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import islice
 
@@ -46,6 +61,7 @@ from radixcache.events.publisher import (
     PublisherStats,
     seq_frame,
 )
+from radixcache.events.sequence import SequenceSource
 from radixcache.events.types import AllBlocksCleared, KvEvent
 
 logger = logging.getLogger(__name__)
@@ -57,7 +73,7 @@ class _Entry:
     __slots__ = ("events", "frame", "payload", "seq", "ts")
 
     def __init__(self, seq: int, ts: float, events: list[KvEvent]) -> None:
-        self.seq = seq  # sequence number, from 0
+        self.seq = seq  # sequence number
         self.frame = seq_frame(seq)  # seq as the wire's 8-byte frame
         self.ts = ts  # publish time, fixed so a replay sends the same bytes
         # The publisher's own copy of the list until the thread encodes it;
@@ -67,16 +83,28 @@ class _Entry:
         self.payload: bytes | None = None  # encoded by the thread, then kept
 
 
+class _Replay:
+    """One client's replay in flight (publisher thread only)."""
+
+    __slots__ = ("cursor", "stalled_since")
+
+    def __init__(self, cursor: int) -> None:
+        self.cursor = cursor  # the next sequence number to send
+        self.stalled_since: float | None = None  # when its queue filled up, if it is full
+
+
 class ZmqEventPublisher:
     """Publishes batches on a ZMQ PUB socket and serves replay on a ROUTER.
 
     The constructor binds both endpoints (raising ``BindError`` naming the
-    endpoint if one is in use) and publishes ``[AllBlocksCleared()]`` as batch
-    0, so a consumer drops what it believed about a previous incarnation.
+    endpoint if one is in use) and publishes ``[AllBlocksCleared()]`` as its
+    first batch (number ``first_seq``), so a consumer drops what it believed
+    about a previous incarnation.
     """
 
     _LINGER_MS = 1  # how long the thread waits for more work before sleeping
     _BUSY_POLL_S = 0.005  # while sending, how often it looks at replay requests
+    _REPLAY_TICK_MS = 2  # with replays in flight, the longest sleep between slices
 
     def __init__(self, config: PublisherConfig | None = None) -> None:
         self._config = config = config or PublisherConfig()
@@ -84,7 +112,7 @@ class ZmqEventPublisher:
         self._lock = threading.Lock()  # guards everything below shared with the thread
         self._pending: deque[_Entry] = deque()  # FIFO for the thread; bounded by queue_size
         self._replay: deque[_Entry] = deque(maxlen=config.replay_buffer_size)
-        self._next_seq = 0
+        self._seq = SequenceSource(config.seq_base, config.seq_file)
         self._published = 0
         self._dropped = 0
         self._forced_drops = 0  # test hook: next N publishes act as if the queue were full
@@ -94,14 +122,19 @@ class ZmqEventPublisher:
         self._sent = 0
         self._replay_requests = 0
         self._replayed = 0
+        self._replay_bytes = 0
+        self._replays_dropped = 0
         self._encode_errors = 0
         self._endpoint = config.endpoint
         self._replay_endpoint = config.replay_endpoint
+        self._tokens = 0.0  # replay token bucket (bytes), publisher thread only
+        self._tokens_at = time.monotonic()
         self._start_error: BaseException | None = None
         self._ready = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._enqueue([AllBlocksCleared()])  # replayable before anyone can connect
         self._thread = threading.Thread(target=self._run, name="events-publisher", daemon=True)
         self._thread.start()
         if not self._ready.wait(config.start_timeout_s):
@@ -109,7 +142,6 @@ class ZmqEventPublisher:
         if self._start_error is not None:
             self.close()
             raise self._start_error
-        self.publish([AllBlocksCleared()])
 
     # ------------------------------------------------------------------ owner side
 
@@ -123,6 +155,17 @@ class ZmqEventPublisher:
         """The bound ROUTER endpoint, or None when replay is disabled."""
         return self._replay_endpoint
 
+    @property
+    def first_seq(self) -> int:
+        """The sequence number of this incarnation's first batch (its AllBlocksCleared)."""
+        return self._seq.first
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next published batch takes."""
+        with self._lock:
+            return self._seq.next
+
     def publish(self, events: Sequence[KvEvent]) -> None:
         """Publish one batch; ``[]`` is a no-op.
 
@@ -133,12 +176,13 @@ class ZmqEventPublisher:
         if not events:
             return
         check_events(events)
-        batch = list(events)
+        self._enqueue(list(events))
+
+    def _enqueue(self, batch: list[KvEvent]) -> None:
         with self._lock:
             if self._closing:
                 raise RuntimeError("publish() on a closed ZmqEventPublisher")
-            entry = _Entry(self._next_seq, time.time(), batch)
-            self._next_seq += 1
+            entry = _Entry(self._seq.take(), time.time(), batch)
             self._replay.append(entry)
             self._published += 1
             if self._forced_drops:
@@ -170,6 +214,7 @@ class ZmqEventPublisher:
             return PublisherStats(
                 self._published, self._dropped, self._sent,
                 self._replay_requests, self._replayed, self._encode_errors,
+                self._replay_bytes, self._replays_dropped,
             )
 
     def close(self) -> None:
@@ -228,10 +273,10 @@ class ZmqEventPublisher:
             self._endpoint = self._bind(pub, cfg.endpoint)
             if cfg.replay_endpoint is not None:
                 router = ctx.socket(zmq.ROUTER)
-                # Room for two full answers: ZMQ credits a pipe back in batches
-                # of half its limit, so one answer's worth could drop the tail
-                # of the next (the client would time out and resync).
-                router.setsockopt(zmq.SNDHWM, 2 * (cfg.replay_buffer_size + 2))
+                # A full pipe refuses (EAGAIN) instead of dropping: the
+                # client's replay pauses where it was, nothing is lost.
+                router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                router.setsockopt(zmq.SNDHWM, cfg.replay_hwm)
                 router.setsockopt(zmq.LINGER, 0)
                 self._replay_endpoint = self._bind(router, cfg.replay_endpoint)
         except Exception as exc:  # handed to the constructor, which raises it
@@ -258,10 +303,11 @@ class ZmqEventPublisher:
         poller.register(self._wake_r, zmq.POLLIN)
         if router is not None:
             poller.register(router, zmq.POLLIN)
-        encoder = BatchEncoder()
+        encoder = BatchEncoder(self._config.media)
         send = pub.send
         topic = self._topic
         more = zmq.SNDMORE
+        replays: OrderedDict[bytes, _Replay] = OrderedDict()  # identity -> replay in flight
         dry = False  # the last round found nothing to send
         next_poll = 0.0  # while busy, look at the replay socket only this often
         while True:
@@ -269,7 +315,8 @@ class ZmqEventPublisher:
                 batch = list(self._pending)
                 self._pending.clear()
                 closing = self._closing
-                if dry and not batch and not closing:
+                asleep = dry and not batch and not closing and not replays
+                if asleep:
                     self._sleeping = True
             for entry in batch:
                 payload = self._payload(entry, encoder)
@@ -280,10 +327,13 @@ class ZmqEventPublisher:
                     self._sent += 1
             if closing and not batch:
                 return
+            if router is not None and replays:
+                self._serve_slice(router, encoder, replays)
             # Busy: go on, looking at replay requests every few ms. Just ran
             # dry: wait a moment without asking to be woken, so a steady
             # publisher does not pay a wake-up (a syscall and a thread switch)
-            # per batch. Dry twice: sleep until publish() or a request wakes us.
+            # per batch. Dry twice: sleep until publish() or a request wakes
+            # us (or, with replays in flight, until the next slice is due).
             timeout: int | None
             if batch:
                 dry = False
@@ -295,8 +345,8 @@ class ZmqEventPublisher:
             elif not dry:
                 dry = True
                 timeout = self._LINGER_MS
-            else:
-                timeout = None
+            else:  # only once publish() knows to wake us may we sleep for good
+                timeout = None if asleep else self._REPLAY_TICK_MS
             ready = dict(poller.poll(timeout))
             if self._wake_r in ready:
                 try:
@@ -304,7 +354,7 @@ class ZmqEventPublisher:
                 except BlockingIOError:
                     pass
             if router is not None and router in ready:
-                self._serve_replay(router, encoder)
+                self._take_requests(router, replays)
 
     def _payload(self, entry: _Entry, encoder: BatchEncoder) -> bytes | None:
         if entry.payload is None and entry.events is not None:
@@ -316,9 +366,10 @@ class ZmqEventPublisher:
             entry.events = None
         return entry.payload
 
-    def _serve_replay(self, router: zmq.Socket[bytes], encoder: BatchEncoder) -> None:
-        """Answer every waiting request: ``[id, b"", start_seq]`` -> batches, end."""
-        while True:
+    def _take_requests(self, router: zmq.Socket[bytes], replays: OrderedDict[bytes, _Replay]) -> None:
+        """Read waiting requests ``[id, b"", start_seq]``: at most one replay per identity."""
+        cfg = self._config
+        for _ in range(4 * cfg.replay_clients):  # bounded work per round, even under a flood
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -327,14 +378,62 @@ class ZmqEventPublisher:
                 logger.warning("ignoring malformed replay request (%d frames)", len(frames))
                 continue
             identity = frames[0]
-            start = int.from_bytes(frames[2], "big", signed=True)
-            with self._lock:
-                first = self._replay[0].seq if self._replay else 0
-                entries = list(islice(self._replay, max(0, start - first), None))
             self._replay_requests += 1
-            for entry in entries:
-                payload = self._payload(entry, encoder)
-                if payload is not None:
-                    router.send_multipart((identity, b"", self._topic, entry.frame, payload))
-                    self._replayed += 1
-            router.send_multipart((identity, b"", b"", END_OF_REPLAY, b""))
+            if replays.pop(identity, None) is not None:
+                self._replays_dropped += 1  # superseded by this request
+            replays[identity] = _Replay(int.from_bytes(frames[2], "big", signed=True))
+            while len(replays) > cfg.replay_clients:
+                replays.popitem(last=False)
+                self._replays_dropped += 1
+
+    def _serve_slice(
+        self, router: zmq.Socket[bytes], encoder: BatchEncoder, replays: OrderedDict[bytes, _Replay]
+    ) -> None:
+        """Send at most one slice of replay answers, round robin over the clients."""
+        cfg = self._config
+        now = time.monotonic()
+        self._tokens = min(
+            float(cfg.replay_slice_bytes),
+            self._tokens + (now - self._tokens_at) * cfg.replay_bytes_per_s,
+        )
+        self._tokens_at = now
+        if self._tokens <= 0:
+            return
+        budget = self._tokens
+        spent = 0
+        per_client = max(1, cfg.replay_hwm // 4)  # entries looked at per client per slice
+        for identity in list(replays):
+            if spent >= budget:
+                break
+            rep = replays[identity]
+            with self._lock:
+                first = self._replay[0].seq if self._replay else self._seq.next
+                rep.cursor = max(rep.cursor, first)  # what left the buffer is gone
+                entries = list(islice(self._replay, rep.cursor - first, rep.cursor - first + per_client))
+            finished = not entries
+            try:
+                for entry in entries:
+                    if spent >= budget:
+                        break
+                    payload = self._payload(entry, encoder)
+                    if payload is not None:
+                        router.send_multipart((identity, b"", self._topic, entry.frame, payload), zmq.NOBLOCK)
+                        self._replayed += 1
+                        self._replay_bytes += len(payload)
+                        spent += len(payload) + 32
+                    rep.cursor = entry.seq + 1
+                if finished:
+                    router.send_multipart((identity, b"", b"", END_OF_REPLAY, b""), zmq.NOBLOCK)
+                    del replays[identity]
+                    continue
+                rep.stalled_since = None
+            except zmq.Again:  # the client does not read: pause its replay
+                if rep.stalled_since is None:
+                    rep.stalled_since = now
+                elif now - rep.stalled_since > cfg.replay_stall_s:
+                    del replays[identity]
+                    self._replays_dropped += 1
+            except zmq.ZMQError:  # the client is gone
+                del replays[identity]
+                self._replays_dropped += 1
+        self._tokens -= spent

@@ -10,6 +10,12 @@ system prompt. The router subscribes to both, keeps a KvIndex of which blocks
 each engine holds on GPU, host and disk, and for each incoming prompt picks
 the engine with the lowest tier-aware cost (prefill blocks minus weighted
 overlap, plus load), printing the overlaps behind every decision.
+
+Two salted tenants share the legal system prompt: tenant "acme" was served
+on engine "code", tenant "globex" on engine "legal". Their pages never mix
+(a tenant's salt partitions the cache), and the events say so: every stored
+block carries the tenant's ``cache_salt``, so the router routes each tenant to
+the engine that holds *its* copy of the shared prompt.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from radixcache.events import (  # noqa: E402
     ZmqEventPublisher,
 )
 from radixcache.offload.host import HostPoolConfig  # noqa: E402
-from radixcache import CacheConfig, KVSpec, RadixCache  # noqa: E402
+from radixcache import CacheConfig, KVSpec, Namespace, RadixCache  # noqa: E402
 from radixcache.tiers import TierConfig  # noqa: E402
 
 P = 16
@@ -50,12 +56,18 @@ SYSTEM = {"legal": tokens(1, 256), "code": tokens(2, 256)}
 
 
 def document(kind: str, i: int) -> np.ndarray:
-    return tokens((100 if kind == "legal" else 200) + i, 512)
+    seeds = {"legal": 100, "code": 200, "acme": 300, "globex": 400}
+    return tokens(seeds[kind] + i, 512)
 
 
-def serve(cache: RadixCache, prompt: np.ndarray, publisher: ZmqEventPublisher) -> None:
+TENANT_OF = {"code": "acme", "legal": "globex"}  # where each tenant was served
+
+
+def serve(
+    cache: RadixCache, prompt: np.ndarray, publisher: ZmqEventPublisher, tenant: str | None = None
+) -> None:
     """Prefill a prompt (no model here: the KV content does not matter)."""
-    req = cache.admit(prompt)
+    req = cache.admit(prompt, Namespace(salt=tenant))
     n = prompt.size - req.num_computed
     cache.reserve(req, n)
     cache.commit(req, n)
@@ -85,6 +97,8 @@ def run_engine(kind: str) -> int:
     if kind == "legal":  # make room for other work: documents 0-3 move to host memory
         cache.evict(4 * 512 // P)
     pub.publish(cache.take_events())
+    tenant = TENANT_OF[kind]  # a tenant's own request under the shared legal system prompt
+    serve(cache, np.concatenate([SYSTEM["legal"], document(tenant, 0)]), pub, tenant)
     print("ready", flush=True)
     # Keep serving a tiny request now and then (a live stream), until told to stop.
     beat = 0
@@ -94,7 +108,7 @@ def run_engine(kind: str) -> int:
             break
         beat += 1
         serve(cache, np.concatenate([SYSTEM[kind], tokens(10_000 + beat, 40)]), pub)
-        print("beat", flush=True)
+        print(f"beat {pub.next_seq}", flush=True)  # the number its next batch will take
     cache.close()
     pub.close()
     return 0
@@ -119,13 +133,16 @@ def run_router() -> int:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         # Ask each engine for one more live batch: a subscriber that joined
         # late sees it as a gap and fetches everything before it from replay.
-        for proc in procs.values():
+        upto: dict[str, int] = {}
+        for kind, proc in procs.items():
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write("beat\n")
             proc.stdin.flush()
-            proc.stdout.readline()
+            upto[kind] = int(proc.stdout.readline().split()[1])
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(sub.next_seq(w.worker_id) < 3 for w in workers):
+        while time.monotonic() < deadline and any(
+            (sub.next_seq(w.worker_id) or 0) < upto[str(w.worker_id)] for w in workers
+        ):
             sub.poll(50)
         sub.poll(200)
         prompts = {
@@ -138,12 +155,18 @@ def run_router() -> int:
             "new legal document (system prompt only)": np.concatenate(
                 [SYSTEM["legal"], tokens(903, 512)]),
             "unrelated prompt (nothing cached)": tokens(904, 600),
+            "tenant acme: legal prompt + its document": np.concatenate(
+                [SYSTEM["legal"], document("acme", 0), tokens(905, 48)]),
+            "tenant globex: legal prompt + new question": np.concatenate(
+                [SYSTEM["legal"], tokens(906, 200)]),
         }
+        salts = {"tenant acme": "acme", "tenant globex": "globex"}
         loads = {"legal": 0.0, "code": 0.0}
         print(f"{'prompt':44s} {'blocks':>6s}  {'worker':6s} {'gpu':>4s} {'host':>4s} "
               f"{'disk':>4s} {'cost':>7s}  -> choice")
         for name, prompt in prompts.items():
-            decision = index.choose(prompt.tolist(), loads, block_size=P)
+            salt = salts.get(name.split(":")[0])  # the tenant's namespace, as the wire names it
+            decision = index.choose(prompt.tolist(), loads, block_size=P, cache_salt=salt)
             for i, (w, o) in enumerate(decision.overlaps.items()):
                 label = name if i == 0 else ""
                 blocks = str(decision.request_blocks) if i == 0 else ""

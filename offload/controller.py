@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from radixcache.offload.host import HostPool
-from radixcache.offload.storage import Storage, TokenPages
+from radixcache.offload.storage import PutMeta, Storage, TokenPages
 from radixcache.transfer.allocator import PageIds
 from radixcache.transfer.engine import CopyEngine
 from radixcache.transfer.ticket import Ticket
@@ -150,9 +150,11 @@ class OffloadController:
         host_pages: PageIds,
         namespace: bytes,
         owner: JobOwner,
+        meta: PutMeta | None = None,
     ) -> Job:
-        """Write host pages to storage under ``keys``."""
-        ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace)
+        """Write host pages to storage under ``keys`` (``meta``: their event
+        ids, parent and depth, recorded for the survivors announced at start)."""
+        ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace, meta)
         return self._add(Job(JobKind.STORE, ticket, owner, host_pages, keys=keys))
 
     def fetch(

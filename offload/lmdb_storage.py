@@ -370,6 +370,19 @@ class LmdbStorage:
                 if meta is not None and meta.key == bytes(key):
                     yield dataclasses.replace(meta, key=meta.key[cut:])
 
+    def read_tokens(self, keys: Sequence[bytes]) -> list[np.ndarray | None]:
+        """The token ids stored with each page key (None: not stored, raw or
+        not a v2 record); for events about survivors. Owner thread."""
+        self._check_open()
+        out: list[np.ndarray | None] = []
+        with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
+            for full in self._record_keys(keys):
+                value = txn.get(full)
+                meta = None if value is None else rec.read_meta(value)
+                ok = meta is not None and meta.key == full and not meta.raw
+                out.append(rec.read_tokens(value) if ok and value is not None else None)
+        return out
+
     def _tag(self, namespace: bytes) -> bytes:
         if not isinstance(namespace, bytes):
             raise TypeError(f"namespace must be bytes, got {type(namespace).__name__}")

@@ -30,6 +30,7 @@ from radixcache.page_keys import PageKeys
 from radixcache.recorder import EventRecorder, NullRecorder, Recorder
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
+from radixcache.survivors import announce_survivors
 from radixcache.tier_config import open_storage
 from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
 from radixcache.tokens import as_tokens
@@ -121,6 +122,8 @@ class RadixCache:
                 self._allocate_or_none,
                 self.pool.free,
             )
+            if config.record_events:  # what storage kept from an earlier run, for routers
+                announce_survivors(self.tiers.storage, recorder, self.page_size)
 
     # ------------------------------------------------------------------ lifecycle
     def admit(

@@ -37,6 +37,7 @@ from radixcache.namespace import Namespace
 from radixcache.node import EMPTY_PAGES, Node, PageIds, TokenArray
 from radixcache.offload.controller import Job, OffloadController
 from radixcache.request import Request
+from radixcache.survivors import put_meta
 from radixcache.tier_config import TierCounters
 from radixcache.tree import RadixTree
 
@@ -186,8 +187,9 @@ class StoreJob(TierJob):
         self.namespace = self.last.namespace
         self.epoch = epoch  # the namespace's forget count at submission
         rt.index.hold(nodes)  # the host copies stay; the device copies stay evictable
+        meta = put_meta(rt.tree.keys, nodes)  # event ids, parent, depth: survivors after a restart
         self._submitted(
-            rt.controller.store(keys, tokens, host, self.namespace.digest(), self)
+            rt.controller.store(keys, tokens, host, self.namespace.digest(), self, meta)
         )
 
     def held(self) -> list[Node]:

@@ -8,7 +8,9 @@ content hashes of multimodal inputs) all partition the cache.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 ExtraKey = str | bytes | int
 
@@ -69,6 +71,41 @@ class Namespace:
         ]
         parts.extend(_encode_part(b"x", key) for key in self.extra_keys)
         return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+
+    def wire_salt(self) -> str | None:
+        """The salt as events carry it (``cache_salt`` is a string on the
+        wire): a str salt as it is, a bytes salt as ``"hex:"`` + its hex."""
+        if self.salt is None or isinstance(self.salt, str):
+            return self.salt
+        return "hex:" + self.salt.hex()
+
+    def event_extra(self) -> tuple[ExtraKey, ...] | None:
+        """The per-block ``extra_keys`` entry of this namespace's events:
+        ``(wire salt, *extra_keys)`` (salt left out when None), or None."""
+        salt = self.wire_salt()
+        entry = ((salt,) if salt is not None else ()) + self.extra_keys
+        return entry or None
+
+    def to_info(self) -> bytes:
+        """Compact bytes that ``from_info`` turns back into this namespace
+        (kept in storage records, for events about survivors after a restart)."""
+        def enc(v: object) -> object:
+            return {"b": v.hex()} if isinstance(v, bytes) else v
+
+        doc = [enc(self.salt), self.lora_id, self.lora_name, [enc(k) for k in self.extra_keys]]
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_info(cls, info: bytes) -> Namespace:
+        """The namespace ``to_info`` wrote; ValueError for bytes it did not write."""
+        def dec(v: Any) -> Any:
+            return bytes.fromhex(v["b"]) if isinstance(v, dict) else v
+
+        try:
+            salt, lora_id, lora_name, extra = json.loads(info)
+            return cls(dec(salt), lora_id, lora_name, tuple(dec(k) for k in extra))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"namespace info {info[:60]!r} is not valid: {exc}") from None
 
 
 DEFAULT_NAMESPACE = Namespace()

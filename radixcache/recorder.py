@@ -12,11 +12,29 @@ is recorded before its removal from the old one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from radixcache.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
-from radixcache.hashing import KEY_BYTES, block_hash, block_hashes
+from radixcache.hashing import KEY_BYTES, block_hashes
+from radixcache.namespace import Namespace
 from radixcache.node import Node
+
+
+def event_ids(keys: bytes) -> list[int]:
+    """Event block ids (ints in [0, 2**63)) of concatenated page keys.
+
+    The one place the engine turns page keys into the ids its events (and
+    its storage records) carry: swapping the id function is a change here.
+    """
+    return block_hashes(keys)
+
+
+def _ns_fields(ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
+    """``cache_salt`` and the per-block ``extra_keys`` entry of a namespace."""
+    return ns.wire_salt(), ns.event_extra()
 
 
 class Recorder(Protocol):
@@ -36,6 +54,19 @@ class Recorder(Protocol):
 
     def cleared(self) -> None:
         """Everything is gone, on every medium."""
+        ...
+
+    def stored_ids(
+        self,
+        block_ids: list[int],
+        parent_id: int | None,
+        tokens: npt.NDArray[np.int32],
+        namespace: Namespace,
+        medium: Medium,
+    ) -> None:
+        """Pages known by their event ids (not by a node) became resident on
+        ``medium``: consecutive pages chaining from ``parent_id``, ``tokens``
+        all their token ids (storage survivors announced at start)."""
         ...
 
     def take(self) -> list[KvEvent]:
@@ -58,6 +89,16 @@ class NullRecorder:
     def cleared(self) -> None:
         pass
 
+    def stored_ids(
+        self,
+        block_ids: list[int],
+        parent_id: int | None,
+        tokens: npt.NDArray[np.int32],
+        namespace: Namespace,
+        medium: Medium,
+    ) -> None:
+        pass
+
     def take(self) -> list[KvEvent]:
         return []
 
@@ -76,11 +117,15 @@ class EventRecorder:
     """Builds ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` records.
 
     Consecutive removals on the same medium are merged into one record.
+    Stores carry the node's namespace: ``lora_id``/``lora_name``, and for a
+    namespace with a salt or extra keys ``cache_salt`` and one ``extra_keys``
+    entry per block (see ``Namespace.event_extra``).
     """
 
     def __init__(self, keys: KeySource) -> None:
         self._keys = keys
         self._events: list[KvEvent] = []
+        self._ns: dict[Namespace, tuple[str | None, tuple[Any, ...] | None]] = {}
 
     def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
         if count <= 0:
@@ -91,25 +136,45 @@ class EventRecorder:
             parent: bytes | None = keys[(start - 1) * KEY_BYTES : start * KEY_BYTES]
         else:
             parent = self._keys.parent_key(node)
-        ns = node.namespace
+        self._append(
+            event_ids(keys[start * KEY_BYTES : (start + count) * KEY_BYTES]),
+            None if parent is None else event_ids(parent)[0],
+            node.key[start * p : (start + count) * p],
+            node.namespace,
+            medium,
+        )
+
+    def stored_ids(
+        self,
+        block_ids: list[int],
+        parent_id: int | None,
+        tokens: npt.NDArray[np.int32],
+        namespace: Namespace,
+        medium: Medium,
+    ) -> None:
+        if block_ids:
+            self._append(block_ids, parent_id, tokens, namespace, medium)
+
+    def _append(
+        self, ids: list[int], parent: int | None, tokens: npt.NDArray[np.int32], ns: Namespace, medium: Medium
+    ) -> None:
+        fields = self._ns.get(ns)
+        if fields is None:
+            fields = self._ns[ns] = _ns_fields(ns)
+        salt, extra = fields
         self._events.append(
             BlockStored(
-                block_hashes=block_hashes(keys[start * KEY_BYTES : (start + count) * KEY_BYTES]),
-                parent_block_hash=None if parent is None else block_hash(parent),
-                token_ids=node.key[start * p : (start + count) * p].tolist(),
-                block_size=p,
-                lora_id=ns.lora_id,
-                medium=medium,
-                lora_name=ns.lora_name,
+                ids, parent, tokens.tolist(), self._keys.page_size, ns.lora_id, medium, ns.lora_name,
+                salt, None if extra is None else [extra] * len(ids),
             )
         )
 
     def removed(self, node: Node, medium: Medium) -> None:
-        self._remove(block_hashes(self._keys.page_keys(node)), medium)
+        self._remove(event_ids(self._keys.page_keys(node)), medium)
 
     def removed_keys(self, keys: Sequence[bytes], medium: Medium) -> None:
         if keys:
-            self._remove(block_hashes(b"".join(keys)), medium)
+            self._remove(event_ids(b"".join(keys)), medium)
 
     def _remove(self, hashes: list[int], medium: Medium) -> None:
         last = self._events[-1] if self._events else None

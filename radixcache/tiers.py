@@ -314,16 +314,22 @@ class HostTiers:
             for node in stores:
                 if self.tree.is_attached(node) and not node.holds:
                     self.store([node])
-        # Removals taken before harvesting: every store of a key that left
-        # storage belongs to a ticket finished by now, so stores go out first.
+        # Removals go out before what this poll harvests: a key evicted and
+        # then written again must end up stored. A key whose store (or fetch)
+        # is harvested now but that is gone from storage was removed after it:
+        # its removal goes out again, after the store.
         removed = self.storage.take_removed()
+        self.index.recorder.removed_keys(removed, "DISK")
         done = self.controller.poll()
         for move in done:
             if not move.ok:
                 self.counters.failed_jobs += 1
                 _failures.warning("%s failed: %r", move.kind.value, move.ticket.error)
             move.owner.finish(move.ok)
-        self.index.recorder.removed_keys(removed, "DISK")
+        if removed:
+            announced = {k for move in done for k in move.keys}
+            again = [k for k in removed if k in announced and not self.storage.longest_prefix([k])]
+            self.index.recorder.removed_keys(again, "DISK")
         return len(done)
 
     def may_land(self, namespace: Namespace, epoch: int) -> bool:

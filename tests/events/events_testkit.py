@@ -142,8 +142,14 @@ def sync(pub: ZmqEventPublisher, sub: EventSubscriber, worker: object = "w0", ti
         assert time.monotonic() < deadline, "subscriber never connected"
         pub.publish([BlockRemoved([PROBE_HASH], "GPU")])
         sub.poll(20)
-    published = pub.stats().published
-    assert sub.run_until(lambda: sub.next_seq(worker) >= published, timeout_s), "subscriber did not catch up"
+    published = pub.next_seq
+    assert sub.run_until(lambda: applied_upto(sub, worker) >= published, timeout_s), "subscriber did not catch up"
+
+
+def applied_upto(sub: EventSubscriber, worker: object) -> int:
+    """The next batch ``sub`` applies for ``worker`` (-1 before the first)."""
+    n = sub.next_seq(worker)
+    return -1 if n is None else n
 
 
 def sync_raw(pub: ZmqEventPublisher, sock: zmq.Socket[bytes], timeout_s: float = 5.0) -> int:
@@ -153,7 +159,7 @@ def sync_raw(pub: ZmqEventPublisher, sock: zmq.Socket[bytes], timeout_s: float =
     while not sock.poll(20):
         assert time.monotonic() < deadline, "raw subscriber never connected"
         pub.publish([BlockRemoved([PROBE_HASH], "GPU")])
-    last = pub.stats().published - 1
+    last = pub.next_seq - 1
     while True:
         assert sock.poll(int(timeout_s * 1000)), "probes stopped arriving"
         seq = int.from_bytes(sock.recv_multipart()[1], "big", signed=True)

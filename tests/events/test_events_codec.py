@@ -72,10 +72,34 @@ def test_maps_hold_exact_keys_in_wire_order() -> None:
     assert list(raw[1][0]) == [
         "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
     ]
-    # None-valued optional keys are left out; required ones (medium) stay.
-    assert list(raw[1][1]) == ["type", "block_hashes", "token_ids", "block_size", "medium"]
+    # Every key without a default in vLLM's and SGLang's decoders is written, nil included.
+    assert raw[1][1] == {
+        "type": "BlockStored", "block_hashes": [3], "parent_block_hash": None, "token_ids": [1, 2, 3, 4],
+        "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": None,
+    }
     assert raw[1][2] == {"type": "BlockRemoved", "block_hashes": [3], "medium": "GPU"}
     assert raw[1][3] == {"type": "AllBlocksCleared"}
+
+
+def test_salted_events_carry_cache_salt_and_per_block_extra_keys() -> None:
+    salted = BlockStored([1, 2], None, list(range(2 * BS)), BS, None, "DISK", None, "tenant-a",
+                         [("tenant-a", b"img"), ("tenant-a", b"img")])
+    raw = msgpack.unpackb(encode_batch(EventBatch(1.0, [salted])))
+    assert list(raw[1][0])[-2:] == ["cache_salt", "extra_keys"]
+    assert raw[1][0]["cache_salt"] == "tenant-a"
+    assert raw[1][0]["extra_keys"] == [["tenant-a", b"img"], ["tenant-a", b"img"]]
+    assert decode_batch(encode_batch(EventBatch(1.0, [salted]))).events == [salted]
+    with pytest.raises(ValueError, match="one entry per block"):
+        check_events([BlockStored([1, 2], None, list(range(2 * BS)), BS, extra_keys=[None])])
+
+
+def test_vllm_medium_vocabulary_round_trips() -> None:
+    events: list[KvEvent] = [stored([1], [1, 2, 3, 4], medium=m) for m in ("GPU", "CPU_PINNED", "DISK", "EXTERNAL")]
+    raw = msgpack.unpackb(BatchEncoder("vllm").encode(events, 1.0))
+    assert [e["medium"] for e in raw[1]] == ["GPU", "CPU", "STORAGE", "EXTERNAL"]
+    assert decode_batch(BatchEncoder("vllm").encode(events, 1.0)).events == events
+    with pytest.raises(ValueError, match="vocabulary"):
+        BatchEncoder("trtllm")
 
 
 def test_hash_limits_fit_u64_and_i64_readers() -> None:
@@ -118,7 +142,7 @@ def test_good_payload_decodes() -> None:
 
 
 def test_unknown_keys_are_ignored() -> None:
-    event = decode_batch(payload(good_stored_map(extra_keys=[1, 2]))).events[0]
+    event = decode_batch(payload(good_stored_map(group_idx=3, locality="LOCAL"))).events[0]
     assert event == BlockStored([1, 2], None, list(range(2 * BS)), BS, None, "GPU", None)
 
 

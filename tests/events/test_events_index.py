@@ -89,10 +89,22 @@ def test_lora_namespaces_never_share_blocks(index: KvIndex) -> None:
 def test_parent_chaining_and_orphans(index: KvIndex) -> None:
     apply(index, "w", chain(1, A[: 2 * BS]), chain(3, A[2 * BS :], parent=2))
     assert index.overlap(A)["w"].gpu == 4
-    # The same tokens under an unknown parent cannot be placed: counted, not indexed.
+    # The same tokens under an unknown parent cannot be placed yet: counted,
+    # resident by engine hash, unreachable for a prefix query.
     apply(index, "v", chain(50, A[2 * BS :], parent=49))
     assert index.stats().orphan_blocks == 2
-    assert index.resident("v", "GPU") == set()
+    assert index.resident("v", "GPU") == {50, 51}
+    assert index.overlap(A)["v"] == TierOverlap(0, 0, 0)
+    index.check_integrity()
+    # Its parent returns: the orphans are placed under it, their children too.
+    apply(index, "v", chain(48, A[: 2 * BS], medium="DISK"))
+    assert index.overlap(A)["v"] == TierOverlap(0, 0, 4)  # disk: on some medium
+    apply(index, "v", chain(48, A[: 2 * BS]))
+    assert index.overlap(A)["v"] == TierOverlap(4, 4, 4)
+    index.check_integrity()
+    apply(index, "v", BlockRemoved([50, 51], "GPU"))
+    assert index.resident("v", "GPU") == {48, 49}
+    index.check_integrity()
     # Re-storing known blocks on another medium needs no parent.
     apply(index, "w", chain(3, A[2 * BS :], medium="DISK", parent=999))
     assert index.resident("w", "DISK") == {3, 4}
@@ -168,3 +180,21 @@ def test_config_is_validated() -> None:
         IndexConfig(w_gpu=0.5, w_host=0.9)
     with pytest.raises(ValueError, match="block_size"):
         IndexConfig(block_size=0)
+
+
+def test_salted_tenants_are_kept_apart(index: KvIndex) -> None:
+    # Two tenants store the same system prompt; the wire tells them apart by
+    # cache_salt and the per-block extra_keys entry (salt first).
+    for salt, first in (("acme", 1), ("globex", 11)):
+        extra = [(salt,), (salt,)]
+        apply(index, "w", BlockStored([first, first + 1], None, A[: 2 * BS], BS, cache_salt=salt, extra_keys=extra))
+    apply(index, "w", BlockStored([21, 22], None, A[: 2 * BS], BS, extra_keys=[(b"img",), (b"img",)]))
+    assert index.overlap(A)["w"].gpu == 0  # nobody stored it unsalted
+    assert index.overlap(A, cache_salt="acme")["w"].gpu == 2
+    assert index.overlap(A, cache_salt="globex")["w"].gpu == 2
+    assert index.overlap(A, cache_salt="initech")["w"].gpu == 0
+    assert index.overlap(A, extra_keys=(b"img",))["w"].gpu == 2
+    apply(index, "w", BlockRemoved([1, 2], "GPU"))
+    assert index.overlap(A, cache_salt="acme")["w"].gpu == 0
+    assert index.overlap(A, cache_salt="globex")["w"].gpu == 2
+    index.check_integrity()

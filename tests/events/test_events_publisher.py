@@ -62,7 +62,8 @@ def test_sequence_numbers_and_empty_batches(make_publisher: MakePublisher, zctx:
     pub.publish([])
     pub.publish([BlockRemoved([2], "GPU")])
     assert pub.stats().published == 3  # the fence, then two
-    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == [0, 1, 2]
+    f = pub.first_seq
+    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == [f, f + 1, f + 2]
 
 
 def test_bad_records_are_refused_before_taking_a_number(make_publisher: MakePublisher) -> None:
@@ -86,7 +87,7 @@ def test_forced_drops_are_counted_and_stay_replayable(
     for h in range(5):
         pub.publish([BlockRemoved([h], "GPU")])
     stats = pub.stats()
-    assert (stats.published - last - 1, stats.dropped) == (5, 3)
+    assert (pub.next_seq - last - 1, stats.dropped) == (5, 3)
     live = []
     while sub.poll(300):
         live.append(int.from_bytes(sub.recv_multipart()[1], "big", signed=True))
@@ -111,7 +112,7 @@ def test_full_queue_drops_without_blocking_and_counts_right(
     assert stats.dropped > 0, "a one-batch queue cannot keep up with a tight loop"
     assert stats.encode_errors == 0
     # Dropped or not, every batch is replayable.
-    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == list(range(n + 1))
+    assert seqs(replay(zctx, pub.replay_endpoint or "", 0)) == list(range(pub.first_seq, pub.first_seq + n + 1))
 
 
 def test_slow_subscriber_never_blocks_the_publisher(
@@ -167,3 +168,114 @@ def test_null_publisher_does_nothing() -> None:
     null.publish([BlockRemoved([1], "GPU")])
     assert null.stats() == PublisherStats(0, 0, 0, 0, 0, 0)
     null.close()
+
+
+def test_sequence_base_is_clock_derived_and_persisted(make_publisher: MakePublisher, tmp_path: Any) -> None:
+    before = time.time_ns() // 1000
+    pub = make_publisher()
+    assert before <= pub.first_seq <= time.time_ns() // 1000
+    # With a sequence file, a clock set back cannot make numbers go backwards.
+    path = tmp_path / "seq"
+    first = make_publisher(seq_base=10**15, seq_file=str(path))
+    for h in range(3):
+        first.publish([BlockRemoved([h], "GPU")])
+    last = first.next_seq - 1
+    first.close()
+    second = make_publisher(seq_base=5, seq_file=str(path))  # "the clock went back"
+    assert second.first_seq > last
+    path.write_text("garbage")
+    with pytest.raises(ValueError, match="not an integer"):
+        make_publisher(seq_file=str(path))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _live_delays(pub: ZmqEventPublisher, sub: zmq.Socket[bytes], seconds: float, tick: Any) -> list[float]:
+    """Publish a small live batch every 2 ms for ``seconds``; per batch, the
+    time from publish() to its arrival on ``sub``. ``tick()`` runs every round."""
+    sent: dict[int, float] = {}
+    delays: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        tick()
+        seq = pub.next_seq
+        sent[seq] = time.monotonic()
+        pub.publish([BlockRemoved([seq % 1000], "GPU")])
+        deadline = time.monotonic() + 0.002
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            if not sub.poll(max(left, 0)):
+                break
+            got = int.from_bytes(sub.recv_multipart()[1], "big", signed=True)
+            delays.append(time.monotonic() - sent.pop(got))
+            if time.monotonic() >= deadline:
+                break
+    while sent and sub.poll(1000):  # the tail
+        got = int.from_bytes(sub.recv_multipart()[1], "big", signed=True)
+        delays.append(time.monotonic() - sent.pop(got))
+    assert not sent, f"{len(sent)} live batches never arrived"
+    return delays
+
+
+def test_flooding_replay_clients_delay_the_live_stream_by_a_bounded_amount(
+    make_publisher: MakePublisher, zctx: zmq.Context[Any]
+) -> None:
+    rate = 4 << 20
+    pub = make_publisher(
+        replay_bytes_per_s=rate, replay_slice_bytes=64 << 10, replay_hwm=64, replay_clients=4, queue_size=4_096,
+    )
+    big = stored(list(range(64)), list(range(64 * BS)))
+    for _ in range(3_000):  # a full replay answer is ~4 MB
+        pub.publish([big])
+    assert wait_until(lambda: pub.stats().sent == pub.stats().published, 10)
+    sub = zctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub.endpoint)
+    sync_raw(pub, sub)
+    quiet = _live_delays(pub, sub, 0.5, lambda: None)
+    # Eight clients ask for the whole buffer every ~10 ms and never read.
+    flooders = []
+    for _ in range(8):
+        d = zctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.connect(pub.replay_endpoint or "")
+        flooders.append(d)
+    rounds = [0]
+
+    def flood() -> None:
+        rounds[0] += 1
+        if rounds[0] % 5 == 0:
+            for d in flooders:
+                d.send_multipart([b"", (0).to_bytes(8, "big", signed=True)], zmq.NOBLOCK)
+
+    rss0 = _rss_bytes()
+    before = pub.stats()
+    t0 = time.monotonic()
+    flooded = _live_delays(pub, sub, 2.0, flood)
+    elapsed = time.monotonic() - t0
+    after = pub.stats()
+    grown = _rss_bytes() - rss0
+    quiet.sort()
+    flooded.sort()
+    p95 = flooded[int(0.95 * len(flooded))]
+    print(  # shown with -s: the figures behind the bound
+        f"live delay quiet p50/p95/max {quiet[len(quiet) // 2] * 1e3:.2f}/{quiet[int(0.95 * len(quiet))] * 1e3:.2f}/"
+        f"{quiet[-1] * 1e3:.2f} ms; flooded {flooded[len(flooded) // 2] * 1e3:.2f}/{p95 * 1e3:.2f}/"
+        f"{flooded[-1] * 1e3:.2f} ms; replay {(after.replay_bytes - before.replay_bytes) / elapsed / 1e6:.2f} MB/s "
+        f"for {after.replay_requests - before.replay_requests} requests; RSS +{grown / 1e6:.1f} MB"
+    )
+    # The bound: a live batch waits at most one replay slice (64 KiB, well
+    # under a millisecond to hand to ZMQ) plus the usual scheduling noise of
+    # this shared machine; without pacing it waited for whole answers (MBs).
+    assert p95 < quiet[int(0.95 * len(quiet))] + 0.05, (p95, quiet[-1])
+    assert flooded[-1] < 0.5
+    assert after.replay_requests - before.replay_requests >= 8
+    assert after.replay_bytes - before.replay_bytes <= rate * elapsed + (64 << 10) + (64 << 10)
+    assert after.replays_dropped > 0  # superseded requests and clients beyond the limit
+    assert grown < 64 << 20, f"the publisher grew by {grown >> 20} MB under the flood"

@@ -11,6 +11,7 @@ import msgpack
 import pytest
 import zmq
 from events_testkit import (
+    applied_upto,
     BS,
     PROBE_HASH,
     MakePublisher,
@@ -51,7 +52,7 @@ def delta(sub: EventSubscriber, before: SubscriberStats) -> SubscriberStats:
 
 
 def caught_up(sub: EventSubscriber, pub: Any, worker: str = "w0") -> Callable[[], bool]:
-    return lambda: sub.next_seq(worker) >= pub.stats().published
+    return lambda: applied_upto(sub, worker) >= pub.next_seq
 
 
 def test_live_stream_builds_the_published_state(
@@ -99,9 +100,9 @@ def test_late_subscriber_starts_from_the_replay_buffer(
     publish_all(pub, batches)  # nobody listens yet
     assert wait_until(lambda: pub.stats().sent == pub.stats().published)  # ... and they are gone
     sub = make_subscriber(worker_of(pub))
-    sync(pub, sub)  # the first live batch is a gap from 0: replay fills it
+    sync(pub, sub)  # the first live batch: replay fills everything before it
     assert holdings(index, "w0") == reference(batches)
-    assert sub.stats().repaired == 1
+    assert sub.stats().replayed >= len(batches) + 1 and sub.stats().unrepaired == 0
 
 
 def test_unrepairable_gap_drops_the_state_and_resyncs(
@@ -251,7 +252,7 @@ def test_several_workers_are_kept_apart(
     for i, p in enumerate(pubs):
         sync(p, sub, f"w{i}")
         publish_all(p, batches[i])
-    assert sub.run_until(lambda: all(sub.next_seq(f"w{i}") >= p.stats().published for i, p in enumerate(pubs)), 10)
+    assert sub.run_until(lambda: all(applied_upto(sub, f"w{i}") >= p.next_seq for i, p in enumerate(pubs)), 10)
     for i in range(3):
         assert holdings(index, f"w{i}") == reference(batches[i])
     sub.remove_worker("w1")
@@ -273,8 +274,8 @@ def test_router_picks_the_worker_that_holds_the_prompt(
     on_gpu.publish([BlockRemoved([5, 6], "GPU")])
     on_host.publish([stored(list(range(71, 77)), prompt)])
     on_host.publish([stored(list(range(71, 77)), prompt, medium="CPU_PINNED"), BlockRemoved(list(range(71, 77)), "GPU")])
-    assert sub.run_until(lambda: sub.next_seq("a") >= on_gpu.stats().published
-                         and sub.next_seq("b") >= on_host.stats().published, 5)
+    assert sub.run_until(lambda: applied_upto(sub, "a") >= on_gpu.next_seq
+                         and applied_upto(sub, "b") >= on_host.next_seq, 5)
     decision = index.choose(prompt + [1, 2], {"a": 0.0, "b": 0.0, "c": 0.0})
     assert decision.overlaps == {"a": TierOverlap(4, 4, 4), "b": TierOverlap(0, 6, 6), "c": TierOverlap(0, 0, 0)}
     # a: 6 - 4 = 2.0; b: 6 - 0.75 * 6 = 1.5; c: 6.0
@@ -293,11 +294,35 @@ def test_restart_that_overtakes_the_old_sequence_is_still_caught(
     sync(first, sub)
     first.publish([stored([1], [1] * BS)])
     assert sub.run_until(caught_up(sub, first), 5)
-    old_last = first.stats().published - 1
+    old_last = first.next_seq - 1
     first.close()
     second = make_publisher(endpoint=spec.endpoint, replay_endpoint=spec.replay_endpoint)
-    batches = [[stored([900 + i], [i] * BS)] for i in range(old_last + 5)]
+    assert second.first_seq > old_last, "sequence numbers never go back across a restart"
+    batches = [[stored([900 + i], [i] * BS)] for i in range(30)]
     publish_all(second, batches)
     sync(second, sub)
-    assert index.resident("w0", "GPU") == {900 + i for i in range(old_last + 5)}
+    assert index.resident("w0", "GPU") == {900 + i for i in range(30)}
     assert sub.stats().restarts == 1
+
+
+def test_idle_restart_is_seen_within_a_second(
+    make_publisher: MakePublisher, make_subscriber: MakeSubscriber, index: KvIndex
+) -> None:
+    # The new incarnation publishes nothing after its AllBlocksCleared (which
+    # no subscriber can receive live: it is sent before anyone reconnects).
+    first = make_publisher()
+    spec = worker_of(first)
+    sub = make_subscriber(spec)
+    sync(first, sub)
+    publish_all(first, [[stored([h], [h] * BS, medium="DISK")] for h in range(1, 30)])
+    assert sub.run_until(caught_up(sub, first), 5)
+    assert len(index.resident("w0", "DISK")) == 29
+    first.close()
+    sub.poll(50)  # the subscriber sees the connection drop
+    second = make_publisher(endpoint=spec.endpoint, replay_endpoint=spec.replay_endpoint)
+    started = time.monotonic()
+    assert sub.run_until(lambda: not index.resident("w0", "DISK"), 3.0)
+    assert time.monotonic() - started < 1.0
+    assert applied_upto(sub, "w0") == second.next_seq  # its AllBlocksCleared, from replay
+    assert second.first_seq > first.next_seq
+    index.check_integrity()

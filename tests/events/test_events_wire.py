@@ -11,9 +11,12 @@ from events_testkit import BS, PROBE_HASH, MakePublisher, replay, stored, sync_r
 
 from radixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 
-STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"]
-REQUIRED = {
-    "BlockStored": {"type", "block_hashes", "token_ids", "block_size", "medium"},
+STORED_KEYS = [
+    "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+    "cache_salt", "extra_keys",
+]
+REQUIRED = {  # every key without a default in vLLM's and SGLang's decoders
+    "BlockStored": set(STORED_KEYS[:8]),
     "BlockRemoved": {"type", "block_hashes", "medium"},
     "AllBlocksCleared": {"type"},
 }
@@ -39,7 +42,7 @@ def check_payload(data: bytes) -> list[dict[str, Any]]:
             assert all(type(t) is int for t in event["token_ids"])
             assert len(event["token_ids"]) == len(event["block_hashes"]) * event["block_size"]
         if event["type"] == "BlockRemoved":
-            assert event["medium"] in ("GPU", "CPU_PINNED", "DISK")
+            assert event["medium"] in ("GPU", "CPU_PINNED", "DISK", "EXTERNAL")
     return events
 
 
@@ -71,7 +74,7 @@ def test_live_frames_follow_the_wire_format(make_publisher: MakePublisher, zctx:
     }
     assert events[0][1] == {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}
     assert events[1] == [{"type": "AllBlocksCleared"}]
-    assert "parent_block_hash" not in events[2][0] and "lora_id" not in events[2][0]
+    assert events[2][0]["parent_block_hash"] is None and events[2][0]["lora_id"] is None
     assert events[2][0]["medium"] == "DISK"
     assert not sub.poll(50), "publish([]) must not put anything on the wire"
 
@@ -83,7 +86,7 @@ def test_replay_answers_in_the_wire_format(make_publisher: MakePublisher, zctx: 
     answer = replay(zctx, pub.replay_endpoint or "", 0)
     # batches 0..4 (batch 0 is the publisher's [AllBlocksCleared]), then the end marker
     assert len(answer) == 6
-    for seq, msg in enumerate(answer[:-1]):
+    for seq, msg in enumerate(answer[:-1], start=pub.first_seq):
         assert len(msg) == 4 and msg[0] == b"" and msg[1] == b"t"
         assert int.from_bytes(msg[2], "big", signed=True) == seq
         check_payload(msg[3])
@@ -91,9 +94,10 @@ def test_replay_answers_in_the_wire_format(make_publisher: MakePublisher, zctx: 
     assert msgpack.unpackb(answer[4][3])[1][0]["block_hashes"] == [103]
     assert answer[-1] == [b"", b"", (-1).to_bytes(8, "big", signed=True), b""]
 
-    tail = replay(zctx, pub.replay_endpoint or "", 3)
-    assert [int.from_bytes(m[2], "big", signed=True) for m in tail] == [3, 4, -1]
-    assert replay(zctx, pub.replay_endpoint or "", 99) == [[b"", b"", (-1).to_bytes(8, "big", signed=True), b""]]
+    f = pub.first_seq
+    tail = replay(zctx, pub.replay_endpoint or "", f + 3)
+    assert [int.from_bytes(m[2], "big", signed=True) for m in tail] == [f + 3, f + 4, -1]
+    assert replay(zctx, pub.replay_endpoint or "", f + 99) == [[b"", b"", (-1).to_bytes(8, "big", signed=True), b""]]
     assert pub.stats().replay_requests == 3
 
 
@@ -101,7 +105,7 @@ def test_first_batch_is_the_restart_fence(make_publisher: MakePublisher, zctx: z
     pub = make_publisher()
     answer = replay(zctx, pub.replay_endpoint or "", 0)
     assert len(answer) == 2
-    assert int.from_bytes(answer[0][2], "big", signed=True) == 0
+    assert int.from_bytes(answer[0][2], "big", signed=True) == pub.first_seq
     assert check_payload(answer[0][3]) == [{"type": "AllBlocksCleared"}]
     assert pub.stats().published == 1
 
@@ -109,7 +113,7 @@ def test_first_batch_is_the_restart_fence(make_publisher: MakePublisher, zctx: z
 def test_probe_hash_is_legal_on_the_wire(make_publisher: MakePublisher, zctx: zmq.Context[Any]) -> None:
     pub = make_publisher()
     pub.publish([BlockRemoved([PROBE_HASH], "CPU_PINNED"), BlockStored([0], None, [0] * BS, BS, medium=None)])
-    answer = replay(zctx, pub.replay_endpoint or "", 1)
+    answer = replay(zctx, pub.replay_endpoint or "", pub.first_seq + 1)
     events = check_payload(answer[0][3])
     assert events[0]["block_hashes"] == [PROBE_HASH] and events[0]["medium"] == "CPU_PINNED"
     assert events[1]["medium"] == "GPU", "an unnamed medium goes out as GPU"
@@ -134,4 +138,4 @@ def test_back_to_back_full_replays_on_one_socket_arrive_whole(
             if seq == -1:
                 break
             seqs.append(seq)
-        assert seqs == list(range(13, 21))
+        assert seqs == list(range(pub.first_seq + 13, pub.first_seq + 21))

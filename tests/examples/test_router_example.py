@@ -21,4 +21,10 @@ def test_router_example_routes_by_tier_aware_overlap() -> None:
     assert "16   48" in lines["legal doc 1 + question (on legal's host)"]
     assert lines["code file 2 + question (on code's GPU)"].split()[-1] == "code"
     assert lines["legal doc 5 + question (on legal's GPU)"].split()[-1] == "legal"
+    # Two salted tenants share the legal system prompt: each is routed to the
+    # engine holding its own copy; the other tenant's identical blocks do not count.
+    acme = lines["tenant acme: legal prompt + its document"]
+    assert acme.split()[-1] == "code" and " legal     0    0    0 " in acme
+    globex = lines["tenant globex: legal prompt + new question"]
+    assert globex.split()[-1] == "legal" and " legal    16   16   16 " in globex
     assert "unrepaired=0" in out and "malformed=0" in out

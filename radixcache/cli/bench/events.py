@@ -23,7 +23,11 @@ them per batch (one engine step). Rates are pages per second.
     reference counts) in one thread: what a router adds on top of decoding.
 
 End-to-end runs are repeated (``--repeat``) and the best reported: other
-processes on a shared machine only ever slow a run down.
+processes on a shared machine only ever slow a run down. With two cores or
+more, the publishing process is pinned to one core and the subscriber to
+another (``--cores``, like ``taskset``), so each side has a core of its own.
+The plain baselines carry the same maps as our wire (every key), so the
+ratios compare like with like.
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ def plain_maps(batch: list[BlockStored]) -> list[dict[str, Any]]:
             "parent_block_hash": e.parent_block_hash,
             "token_ids": e.token_ids,
             "block_size": e.block_size,
+            "lora_id": e.lora_id,
             "medium": e.medium,
+            "lora_name": e.lora_name,
         }
         for e in batch
     ]
@@ -161,10 +167,17 @@ class _CountingSink:
         pass
 
 
-def _engine(conn: Any, per_batch: int, total: int, plain: bool) -> None:
+def _pin(core: int | None) -> None:
+    """Run this process on ``core`` only (None: leave it free)."""
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+
+
+def _engine(conn: Any, per_batch: int, total: int, plain: bool, core: int | None = None) -> None:
     """The publishing process. "probe" publishes one harmless batch and
-    answers the count published; "go" publishes ``total`` batches and answers
-    timings once all are handed to the socket; "done" ends it."""
+    answers the next sequence number; "go" publishes ``total`` batches and
+    answers timings once all are handed to the socket; "done" ends it."""
+    _pin(core)
     batches = make_batches(DISTINCT, per_batch, seed=1)
     if plain:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -193,7 +206,7 @@ def _engine(conn: Any, per_batch: int, total: int, plain: bool) -> None:
         conn.send((pub.endpoint, pub.replay_endpoint))
         while conn.recv() == "probe":
             pub.publish(PROBE)
-            conn.send(pub.stats().published)
+            conn.send(pub.next_seq)
         base = pub.stats().sent
         cpu0, t0 = time.process_time(), time.perf_counter()
         for i in range(total):
@@ -236,7 +249,7 @@ def _follow(endpoint: str, replay: str, parent: Any, total_pages: int) -> tuple[
     with EventSubscriber(sink, [WorkerEndpoint("engine", endpoint, replay)], SubscriberConfig(rcv_hwm=0)) as sub:
         published = 0  # probe until following live and caught up (replay fills the start)
         deadline = time.monotonic() + 30
-        while sink.batches == 0 or sub.next_seq("engine") < published:
+        while sink.batches == 0 or (sub.next_seq("engine") or 0) < published:
             if time.monotonic() > deadline:
                 raise RuntimeError("the subscriber never caught up with the engine")
             parent.send("probe")
@@ -254,12 +267,18 @@ def _follow(endpoint: str, replay: str, parent: Any, total_pages: int) -> tuple[
     return sink.pages, sink.last, cpu, counters
 
 
-def bench_two_process(per_batch: int, total: int, plain: bool) -> dict[str, Any]:
-    """One engine process -> this process over loopback PUB/SUB."""
+def bench_two_process(
+    per_batch: int, total: int, plain: bool, cores: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """One engine process -> this process over loopback PUB/SUB (pinned to
+    ``cores``: publisher, subscriber)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_engine, args=(child, per_batch, total, plain), daemon=True)
+    pub_core, sub_core = cores if cores is not None else (None, None)
+    proc = ctx.Process(target=_engine, args=(child, per_batch, total, plain, pub_core), daemon=True)
     proc.start()
+    mask = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    _pin(sub_core)
     try:
         if not parent.poll(60):
             raise RuntimeError("the publishing process did not start")
@@ -272,6 +291,8 @@ def bench_two_process(per_batch: int, total: int, plain: bool) -> dict[str, Any]
         t0, _, pub_cpu, dropped = parent.recv()
         parent.send("done")
     finally:
+        if mask is not None:
+            os.sched_setaffinity(0, mask)
         proc.join(10)
         if proc.is_alive():
             proc.kill()
@@ -288,19 +309,24 @@ def bench_two_process(per_batch: int, total: int, plain: bool) -> dict[str, Any]
     }
 
 
-def best_of(repeat: int, per_batch: int, total: int, plain: bool) -> dict[str, Any]:
-    runs = [bench_two_process(per_batch, total, plain) for _ in range(repeat)]
+def best_of(
+    repeat: int, per_batch: int, total: int, plain: bool, cores: tuple[int, int] | None
+) -> dict[str, Any]:
+    runs = [bench_two_process(per_batch, total, plain, cores) for _ in range(repeat)]
     best = max(runs, key=lambda r: r["pages_per_s"])
     best["all_runs_pages_per_s"] = [r["pages_per_s"] for r in runs]
     return best
 
 
-def run(quick: bool, batch_sizes: list[int], repeat: int) -> dict[str, Any]:
+def run(
+    quick: bool, batch_sizes: list[int], repeat: int, cores: tuple[int, int] | None = None
+) -> dict[str, Any]:
     pages_per_run = 128_000 if quick else 640_000
     ref = make_batches(DISTINCT, 8)
     baseline = bench_baseline(ref, rounds=4 if quick else 16)
     out: dict[str, Any] = {
         "pages_per_event": PAGES,
+        "pinned_cores_publisher_subscriber": list(cores) if cores else None,
         "baseline_plain_msgpack": baseline,
         "codec_one_thread": bench_codec(ref, rounds=4 if quick else 16),
         "index_apply": bench_index(make_batches(64 if quick else 256, 8, seed=2)),
@@ -310,8 +336,8 @@ def run(quick: bool, batch_sizes: list[int], repeat: int) -> dict[str, Any]:
     best: dict[str, Any] = {"pages_per_s": 0}
     for per_batch in batch_sizes:
         total = max(50, pages_per_run // (per_batch * PAGES))
-        ours = best_of(repeat, per_batch, total, plain=False)
-        plain = best_of(repeat, per_batch, total, plain=True)
+        ours = best_of(repeat, per_batch, total, False, cores)
+        plain = best_of(repeat, per_batch, total, True, cores)
         ours["ratio_vs_baseline_plain_msgpack"] = round(ours["pages_per_s"] / baseline["pages_per_s"], 2)
         ours["ratio_vs_plain_two_process"] = round(ours["pages_per_s"] / plain["pages_per_s"], 2)
         key = f"{per_batch}_events_per_batch"
@@ -332,9 +358,21 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="N,N,...", help="comma-separated batch sizes to measure")
     parser.add_argument("--repeat", type=positive_int, default=3,
                         help="end-to-end runs per size; the best is reported")
+    parser.add_argument("--cores", default="auto", metavar="PUB,SUB",
+                        help="cores to pin the publishing and the subscribing process to "
+                        "(like taskset); 'auto': the first two usable ones; 'none': no pinning")
     args = parser.parse_args(argv)
-    sizes = args.events_per_batch
-    json.dump(run(args.quick, sizes, args.repeat), sys.stdout, indent=2)
+    cores: tuple[int, int] | None = None
+    if args.cores == "auto":
+        usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        cores = (usable[0], usable[1]) if len(usable) >= 2 else None
+    elif args.cores != "none":
+        try:
+            a, b = (int(x) for x in args.cores.split(","))
+        except ValueError:
+            parser.error(f"--cores needs two core numbers like 0,1, got {args.cores!r}")
+        cores = (a, b)
+    json.dump(run(args.quick, args.events_per_batch, args.repeat, cores), sys.stdout, indent=2)
     print()
     return 0
 
