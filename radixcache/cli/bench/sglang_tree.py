@@ -22,6 +22,7 @@ fastest, so ratios against it are conservative.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -72,13 +73,13 @@ class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         module.__path__ = []
-        module.__version__ = "0.28.0"  # the release matching torch 2.13
+        setattr(module, "__version__", "0.28.0")  # the release matching torch 2.13
 
 
 @contextmanager
 def _torchvision_placeholder() -> Iterator[None]:
     try:
-        import torchvision  # noqa: F401
+        importlib.import_module("torchvision")
     except Exception:
         finder = _PlaceholderFinder()
         sys.meta_path.insert(0, finder)
@@ -107,8 +108,10 @@ class SglangTree:
             size=size, page_size=P, dtype=torch.bfloat16, head_num=1, head_dim=1,
             layer_num=1, device="cpu", enable_memory_saver=False,
         )
-        self.alloc = mod.TokenToKVPoolAllocator(
-            size=size, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False
+        # The allocator SGLang uses for pages of more than one token; sorted,
+        # staged frees (its cheaper mode).
+        self.alloc = mod.PagedTokenToKVPoolAllocator(
+            size=size, page_size=P, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=True
         )
         params = mod.CacheInitParams(
             req_to_token_pool=req_pool, token_to_kv_pool_allocator=self.alloc, page_size=P,
@@ -163,20 +166,26 @@ class SglangTree:
 
 def load() -> tuple[Callable[[int], SglangTree] | None, str]:
     """(a factory of ``SglangTree``, a note), or (None, why it is skipped)."""
+    names = {
+        "sglang.srt.mem_cache.allocator": ["PagedTokenToKVPoolAllocator"],
+        "sglang.srt.mem_cache.base_prefix_cache": ["EvictParams", "InsertParams", "MatchPrefixParams"],
+        "sglang.srt.mem_cache.cache_init_params": ["CacheInitParams"],
+        "sglang.srt.mem_cache.memory_pool": ["MHATokenToKVPool", "ReqToTokenPool"],
+        "sglang.srt.mem_cache.radix_cache": ["RadixKey"],
+        "sglang.srt.mem_cache.unified_cache.components.base": ["ComponentType"],
+        "sglang.srt.mem_cache.unified_radix_cache": ["UnifiedRadixCache"],
+        "sglang.srt.server_args": ["ServerArgs", "set_global_server_args_for_scheduler"],
+    }
+    found: dict[str, Any] = {}
     try:
         with _torchvision_placeholder():
-            from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-            from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
-            from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-            from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-            from sglang.srt.mem_cache.radix_cache import RadixKey
-            from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-            from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-            from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-            import sglang
+            sglang = importlib.import_module("sglang")
+            for module, attrs in names.items():
+                loaded = importlib.import_module(module)
+                found.update({a: getattr(loaded, a) for a in attrs})
     except Exception as exc:  # any import failure: the baseline is skipped, with the reason
         return None, f"sglang not importable: {type(exc).__name__}: {exc}"
-    mod = types.SimpleNamespace(**{k: v for k, v in locals().items() if k[0].isupper() or k.startswith("set_")})
+    mod = types.SimpleNamespace(**found)
     version = getattr(sglang, "__version__", "?")
     return (lambda capacity: SglangTree(mod, capacity)), f"sglang {version}, UnifiedRadixCache, Rust tree core, CPU"
 

@@ -87,10 +87,10 @@ def peer(make: Any, w: Any, seqs: list[np.ndarray], s: Sizes) -> dict[str, float
     capacity = s.conversations * 320 + s.long_docs * 2048 + 1024
     gc.collect()
     t: SglangTree = make(capacity)
-    rss0 = rss_bytes()
     firsts = [t.key(x) for x in w.first]
     seconds = [t.key(np.concatenate([a, b])) for a, b in zip(w.first, w.turns)]
     longs = [t.key(x) for x in w.long]
+    rss0 = rss_bytes()
     first_s = timed(lambda i: t.serve(firsts[i]), len(firsts))
     second_s = timed(lambda i: t.serve(seconds[i]), len(seconds))
     for k in longs:
