@@ -5,7 +5,7 @@
                     for each key, in order:
                         value = txn.get(key)          zero-copy view of the map
                         verify layout and tokens, copy KV into the host page,
-                        checksum the copy             offload/lmdb_record.py
+                        checksum the copy             offload/record.py
                     stop at the first miss or failed check
                   then: touch the hits (recency), queue the deletion of a
                   failed record on the writer, count, finish the ticket
@@ -24,12 +24,11 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.offload import lmdb_record as rec
+from radixcache.offload import record as rec
 from radixcache.offload.lmdb_index import RecencyIndex
 from radixcache.offload.lmdb_space import MapGate
 from radixcache.offload.lmdb_writer import DeleteJob, LmdbWriter
-from radixcache.offload.storage import Counters, HostPages, StorageError, TokenPages
-from radixcache.transfer.host import HostKVBuffer
+from radixcache.offload.storage import Counters, HostPages, PageBuffer, StorageError, TokenPages
 from radixcache.transfer.ticket import FutureTicket
 
 log = logging.getLogger(__name__)
@@ -62,13 +61,14 @@ class LmdbReader:
     def submit(
         self,
         rkeys: list[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
+        ns_tag: bytes | None,
         ticket: FutureTicket,
     ) -> None:
         """Read ``rkeys`` into ``host_pages`` on a pool thread; ``ticket`` gets the count."""
-        self._pool.submit(self._read, rkeys, tokens, host, host_pages, ticket)
+        self._pool.submit(self._read, rkeys, tokens, host, host_pages, ns_tag, ticket)
 
     def close(self) -> None:
         """Finish every submitted read, then stop the threads."""
@@ -77,13 +77,14 @@ class LmdbReader:
     def _read(
         self,
         rkeys: list[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
+        ns_tag: bytes | None,
         ticket: FutureTicket,
     ) -> None:
         try:
-            served, corrupt = self._read_pages(rkeys, tokens, host.as_bytes(), host_pages)
+            served, corrupt = self._read_pages(rkeys, tokens, host.as_bytes(), host_pages, ns_tag)
             if served:
                 self._index.touch(rkeys[:served])
             if corrupt is not None:  # its removal is published once the delete commits
@@ -98,9 +99,10 @@ class LmdbReader:
     def _read_pages(
         self,
         rkeys: list[bytes],
-        tokens: TokenPages,
+        tokens: TokenPages | None,
         host_bytes: npt.NDArray[np.uint8],
         host_pages: HostPages,
+        ns_tag: bytes | None,
     ) -> tuple[int, bytes | None]:
         """Returns (leading pages served, key of a record that failed its checks)."""
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
@@ -108,7 +110,14 @@ class LmdbReader:
                 value = txn.get(rkey)
                 if value is None:
                     return i, None
-                if not rec.read_into(value, tokens[i], host_bytes[host_pages[i]]):
+                ok = rec.read_into(
+                    value,
+                    key=rkey,
+                    ns_tag=ns_tag,
+                    tokens=None if tokens is None else tokens[i],
+                    dst=host_bytes[host_pages[i]],
+                )
+                if not ok:
                     log.warning(
                         "storage %s: record %s failed verification; deleting it",
                         self._path,

@@ -2,7 +2,7 @@
 
 Layout of the environment (one directory, three named databases)::
 
-    pages : record key (24 B) -> record value   (format: offload/lmdb_record.py)
+    pages : record key (8 B fingerprint + page key) -> record value   (format: offload/record.py)
     ns    : namespace tag (16 B) -> record keys  (dupsort: the namespace index)
     meta  : b"fingerprint" -> fingerprint text   (of the last process to open it)
             b"tick" -> counter                   (commits that only advance the txn id)
@@ -54,31 +54,34 @@ Durability (``StorageConfig.durability``), from LMDB's documented flags:
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import lmdb
 import numpy as np
 
-from radixcache.offload import lmdb_record as rec
+from radixcache.offload import record as rec
 from radixcache.offload.lmdb_index import RecencyIndex
 from radixcache.offload.lmdb_reader import LmdbReader
 from radixcache.offload.lmdb_space import MapGate, grow_map
 from radixcache.offload.lmdb_writer import DeleteJob, ForgetJob, LmdbWriter, PutJob
+from radixcache.offload.record import RecordMeta
 from radixcache.offload.storage import (
-    KEY_BYTES,
+    MAX_KEY_BYTES,
     Counters,
     HostPages,
     ModelFingerprint,
+    PageBuffer,
+    PutMeta,
     StorageOpenError,
     StorageStats,
     TokenPages,
 )
-from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import FutureTicket, Ticket
 
@@ -148,7 +151,7 @@ class LmdbStorage:
         self.fingerprint = fingerprint
         self.path = os.path.abspath(os.fspath(config.path))
         self._prefix = fingerprint.digest()  # record-key prefix (invariant 8)
-        self._record_size = rec.record_size(spec.page_size, spec.page_bytes)
+        self._record_size = rec.page_record_size(spec.page_size, spec.page_bytes)
         self._lock_fd = self._lock_directory()
         try:
             self._env = self._open_env()
@@ -185,7 +188,6 @@ class LmdbStorage:
             index=self._index,
             counters=self._counters,
             prefix=self._prefix,
-            record_size=self._record_size,
             capacity_bytes=config.capacity_bytes,
             batch_pages=max(
                 1, min(config.max_batch_pages, config.max_batch_bytes // self._record_size)
@@ -283,40 +285,66 @@ class LmdbStorage:
         self._check_open()
         prefix, index = self._prefix, self._index
         for i, key in enumerate(keys):
-            if len(key) != KEY_BYTES:
-                raise ValueError(f"page keys are {KEY_BYTES} bytes; key {i} has {len(key)}")
+            if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
+                raise ValueError(f"page keys are 1 to {MAX_KEY_BYTES} bytes; key {i} is {key!r}")
             if prefix + key not in index:
                 return i
         return len(keys)
 
     def get(
-        self, keys: Sequence[bytes], tokens: TokenPages, host: HostKVBuffer, host_pages: HostPages
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+        namespace: bytes | None = None,
     ) -> Ticket:
         self._check_open()
         rkeys, toks, pages = self._checked(keys, tokens, host, host_pages)
+        tag = None if namespace is None else self._tag(namespace)
         ticket = FutureTicket()
         if not rkeys:
             ticket.finish(0)
             return ticket
-        self._reader.submit(rkeys, toks, host, pages, ticket)
+        self._reader.submit(rkeys, toks, host, pages, tag, ticket)
         return ticket
 
     def put(
         self,
         keys: Sequence[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
         namespace: bytes,
+        meta: PutMeta | None = None,
     ) -> Ticket:
         self._check_open()
+        tag = self._tag(namespace)
+        rkeys, toks, pages = self._checked(keys, tokens, host, host_pages)
+        if meta is not None and len(meta.block_ids) != len(rkeys):
+            raise ValueError(f"meta has {len(meta.block_ids)} block ids for {len(rkeys)} keys")
+        ticket = FutureTicket()
+        self._writer.submit(PutJob(rkeys, toks, host, pages, tag, ticket, meta))
+        return ticket
+
+    def scan(self) -> Iterator[RecordMeta]:
+        self._check_open()
+        cut = len(self._prefix)
+        with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(self._prefix):
+                return
+            for key, value in cursor:
+                if bytes(key[:cut]) != self._prefix:
+                    return
+                meta = rec.read_meta(value)
+                if meta is not None and meta.key == bytes(key):
+                    yield dataclasses.replace(meta, key=meta.key[cut:])
+
+    def _tag(self, namespace: bytes) -> bytes:
         if not isinstance(namespace, bytes):
             raise TypeError(f"namespace must be bytes, got {type(namespace).__name__}")
-        rkeys, toks, pages = self._checked(keys, tokens, host, host_pages)
-        ticket = FutureTicket()
-        tag = rec.namespace_tag(self._prefix, namespace)
-        self._writer.submit(PutJob(rkeys, toks, host, pages, tag, ticket))
-        return ticket
+        return rec.namespace_tag(self._prefix, namespace)
 
     def delete(self, keys: Sequence[bytes]) -> Ticket:
         self._check_open()
@@ -381,27 +409,27 @@ class LmdbStorage:
         prefix = self._prefix
         out = []
         for i, key in enumerate(keys):
-            if not isinstance(key, bytes) or len(key) != KEY_BYTES:
-                raise ValueError(f"page keys are {KEY_BYTES}-byte bytes; key {i} is {key!r}")
+            if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
+                raise ValueError(f"page keys are 1 to {MAX_KEY_BYTES} bytes; key {i} is {key!r}")
             out.append(prefix + key)
         return out
 
     def _checked(
-        self, keys: Sequence[bytes], tokens: TokenPages, host: HostKVBuffer, host_pages: HostPages
-    ) -> tuple[list[bytes], TokenPages, HostPages]:
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+    ) -> tuple[list[bytes], TokenPages | None, HostPages]:
         """Validate a get/put call; returns record keys and private copies."""
-        if host.spec != self.spec:
+        if host.page_bytes != self.spec.page_bytes:
             raise ValueError(
-                f"host buffer spec {host.spec.describe()} != storage spec {self.spec.describe()}"
+                f"the page buffer has pages of {host.page_bytes} B; storage pages "
+                f"({self.spec.describe()}) are {self.spec.page_bytes} B"
             )
         rkeys = self._record_keys(keys)
         n, p = len(rkeys), self.spec.page_size
-        toks = np.asarray(tokens)
         pages = np.asarray(host_pages)
-        if toks.shape != (n, p) or toks.dtype.kind not in "iu":
-            raise ValueError(
-                f"tokens must be an int array of shape ({n}, {p}), got {toks.dtype} {toks.shape}"
-            )
         if pages.shape != (n,) or pages.dtype.kind not in "iu":
             raise ValueError(
                 f"host_pages must be an int array of shape ({n},), got {pages.dtype} {pages.shape}"
@@ -410,6 +438,13 @@ class LmdbStorage:
             raise ValueError(
                 f"host page ids must lie in [0, {host.num_pages}): "
                 f"min {pages.min()}, max {pages.max()}"
+            )
+        if tokens is None:
+            return rkeys, None, pages.astype(np.int32)
+        toks = np.asarray(tokens)
+        if toks.shape != (n, p) or toks.dtype.kind not in "iu":
+            raise ValueError(
+                f"tokens must be an int array of shape ({n}, {p}), got {toks.dtype} {toks.shape}"
             )
         if n and (int(toks.min()) < -(2**31) or int(toks.max()) >= 2**31):
             raise ValueError("token ids must fit in int32")

@@ -32,11 +32,17 @@ from dataclasses import dataclass, field
 
 import lmdb
 
-from radixcache.offload import lmdb_record as rec
+from radixcache.offload import record as rec
 from radixcache.offload.lmdb_index import RecencyIndex
 from radixcache.offload.lmdb_space import MapGate, disk_room, grow_map, preallocate
-from radixcache.offload.storage import Counters, HostPages, StorageError, TokenPages
-from radixcache.transfer.host import HostKVBuffer
+from radixcache.offload.storage import (
+    Counters,
+    HostPages,
+    PageBuffer,
+    PutMeta,
+    StorageError,
+    TokenPages,
+)
 from radixcache.transfer.ticket import FutureTicket
 
 log = logging.getLogger(__name__)
@@ -49,12 +55,19 @@ class PutJob:
     """Write host pages as the records of ``rkeys`` (skipping stored ones)."""
 
     rkeys: list[bytes]  # record keys (fingerprint prefix + page key)
-    tokens: TokenPages  # [n, P] token ids, a private copy
-    host: HostKVBuffer  # the caller's host pool (read on the writer thread)
+    tokens: TokenPages | None  # [n, P] token ids, a private copy; None: raw pages
+    host: PageBuffer  # the caller's page buffer (read on the writer thread)
     host_pages: HostPages  # [n] host page ids holding the pages
     ns_tag: bytes  # namespace index key
     ticket: FutureTicket  # finished with ``result``
+    meta: PutMeta | None = None  # event ids, parent, depth, info
     result: int = 0  # leading keys stored once committed
+
+    def record_bytes(self, i: int) -> int:
+        """Size of the record of page ``i``."""
+        t = 0 if self.tokens is None else int(self.tokens.shape[1])
+        info = 0 if self.meta is None else len(self.meta.info)
+        return rec.record_size(len(self.rkeys[i]), info, t, self.host.page_bytes)
 
 
 @dataclass(slots=True)
@@ -108,7 +121,6 @@ class LmdbWriter:
         index: RecencyIndex,
         counters: Counters,
         prefix: bytes,
-        record_size: int,
         capacity_bytes: int,
         batch_pages: int,
         next_seq: int,
@@ -123,11 +135,10 @@ class LmdbWriter:
         self._index = index
         self._counters = counters
         self._prefix = prefix  # this fingerprint's key prefix
-        self._record_size = record_size  # bytes of one record of this spec
         self._capacity = capacity_bytes
         self._batch_pages = batch_pages  # merge queued jobs up to this many pages
         self._next_seq = next_seq  # write sequence number of the next record
-        self._staging = bytearray(record_size)  # each record is built here, then put
+        self._staging = bytearray(0)  # each record is built here, then put (reused)
         self._last_freed = 0  # bytes the last commit freed: not reusable by the next one
         self._ticks = 0  # commits made only to advance LMDB's transaction id
         self._data_fd = os.open(os.path.join(path, "data.mdb"), os.O_RDWR)  # for preallocate()
@@ -233,9 +244,7 @@ class LmdbWriter:
             except lmdb.MapFullError:
                 self._counters.add(map_full=1)
                 keep = _put_keys(batch)
-                self._evict_for_room(
-                    max(len(keep) * self._record_size, self._index.nbytes // 10), keep
-                )
+                self._evict_for_room(max(_put_bytes(batch), self._index.nbytes // 10), keep)
         raise StorageError(
             f"the LMDB map is still full after {_MAP_FULL_RETRIES} rounds of eviction"
         )
@@ -245,7 +254,7 @@ class LmdbWriter:
         memory-mapped data file meet a full disk: that is a SIGBUS, not an
         error. Evicts least recently used records first if that makes room."""
         keep = _put_keys(batch)
-        incoming = sum(self._record_size for rkey in keep if rkey not in self._index)
+        incoming = self._incoming(batch)
         if not incoming:
             return
         room = disk_room(self._env, self._path, self._dbs) - self._last_freed
@@ -265,6 +274,18 @@ class LmdbWriter:
             raise StorageError(
                 f"cannot reserve {incoming} B on the disk of {self._path!r}: {exc}"
             ) from exc
+
+    def _incoming(self, batch: list[Job]) -> int:
+        """Bytes of the records a batch would add (keys not stored yet)."""
+        seen: set[bytes] = set()
+        total = 0
+        for job in batch:
+            if isinstance(job, PutJob):
+                for i, rkey in enumerate(job.rkeys):
+                    if rkey not in self._index and rkey not in seen:
+                        seen.add(rkey)
+                        total += job.record_bytes(i)
+        return total
 
     def _evict_for_room(self, need: int, keep: set[bytes]) -> int:
         """Evict least recently used records (not in ``keep``) worth ``need``
@@ -311,7 +332,7 @@ class LmdbWriter:
         for job in batch:
             job.result = 0
         keep = _put_keys(batch)
-        incoming = sum(self._record_size for rkey in keep if rkey not in self._index)
+        incoming = self._incoming(batch)
         excess = self._index.nbytes + incoming - self._capacity
         victims = self._index.oldest(excess, keep) if excess > 0 else []
         txn = self._env.begin(write=True, buffers=True)
@@ -350,11 +371,27 @@ class LmdbWriter:
                 effects.skipped += 1
                 job.result += 1
                 continue
-            if self._record_size > budget:
+            size = job.record_bytes(i)
+            if size > budget:
                 break  # no room left, even after evicting every older record
+            if len(self._staging) != size:
+                self._staging = bytearray(size)
             value = self._staging
+            meta = job.meta
             rec.encode_into(
-                value, host_bytes[job.host_pages[i]], job.tokens[i], self._next_seq, job.ns_tag
+                value,
+                key=rkey,
+                ns_tag=job.ns_tag,
+                tokens=None if job.tokens is None else job.tokens[i],
+                kv=host_bytes[job.host_pages[i]],
+                seq=self._next_seq,
+                block_id=None if meta is None else int(meta.block_ids[i]),
+                parent_block_id=(
+                    None if meta is None
+                    else meta.parent_block_id if i == 0 else int(meta.block_ids[i - 1])
+                ),
+                depth=0 if meta is None else meta.first_depth + i,
+                info=b"" if meta is None else meta.info,
             )
             self._next_seq += 1
             if txn.put(rkey, value, overwrite=False, db=self._pages):  # LMDB copies it
@@ -398,6 +435,12 @@ class LmdbWriter:
 
 def _pages(job: Job) -> int:
     return 1 if isinstance(job, ForgetJob) else max(1, len(job.rkeys))
+
+
+def _put_bytes(batch: list[Job]) -> int:
+    return sum(
+        job.record_bytes(i) for job in batch if isinstance(job, PutJob) for i in range(len(job.rkeys))
+    )
 
 
 def _put_keys(batch: list[Job]) -> set[bytes]:

@@ -1,9 +1,13 @@
 """The storage tier's contract: a persistent page store below the host pool.
 
 A storage backend keeps whole pages (page-first bytes, as in the host pool)
-under their 16-byte page keys. Keys come from the radix tree: a chained hash
-that already binds the namespace and the whole parent prefix, so a key names
-one page of one prefix. The backend additionally binds every key to the
+under their page keys. Keys come from the radix tree (16 bytes: a chained
+hash that already binds the namespace and the whole parent prefix, so a key
+names one page of one prefix) or, for raw pages, from a serving engine that
+keys its pages itself (any length from 1 to ``MAX_KEY_BYTES``; see
+``radixcache.integrations``). Every record is self-checking
+(``radixcache.offload.record``): the full key, the namespace tag, the token ids
+and a checksum are verified on every read. The backend additionally binds every key to the
 ``ModelFingerprint`` it was opened with (invariant 8), so pages written for
 another model, KV layout or tensor-parallel rank are never hits.
 
@@ -28,20 +32,54 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.transfer.host import HostKVBuffer
+from radixcache.offload.record import RecordMeta
 from radixcache.transfer.ticket import FutureTicket, Ticket
 
 KEY_BYTES = 16  # length of a page key from the radix tree
+MAX_KEY_BYTES = 256  # longest page key a backend accepts (raw pages)
 
 TokenPages = npt.NDArray[np.int32]  # [n, P] token ids, one row per page
 HostPages = npt.NDArray[np.int32]  # [n] host page ids, one per key
+
+
+@runtime_checkable
+class PageBuffer(Protocol):
+    """Fixed-size pages a backend reads from and writes into: the host pool's
+    ``HostKVBuffer``, or an engine's own buffer (raw pages)."""
+
+    num_pages: int  # pages in the buffer
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page."""
+        ...
+
+    def as_bytes(self) -> npt.NDArray[np.uint8]:
+        """The whole buffer as ``uint8[num_pages, page_bytes]``, sharing memory."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PutMeta:
+    """What a put records about its pages besides bytes and tokens, so a
+    router can be told of them again after a restart (survivors) and DISK
+    events carry the same block ids as device ones."""
+
+    block_ids: Sequence[int]  # one event id per page, each in [0, 2**63)
+    parent_block_id: int | None  # the event id of the page before the first; None: none
+    first_depth: int  # page index of the first page within its prefix
+    info: bytes = b""  # engine bytes describing the namespace (same for every page)
+
+    def __post_init__(self) -> None:
+        if self.first_depth < 0:
+            raise ValueError(f"first_depth must be >= 0, got {self.first_depth}")
 
 
 class StorageError(RuntimeError):
@@ -150,14 +188,21 @@ class Storage(Protocol):
         ...
 
     def get(
-        self, keys: Sequence[bytes], tokens: TokenPages, host: HostKVBuffer, host_pages: HostPages
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+        namespace: bytes | None = None,
     ) -> Ticket:
         """Read the pages of ``keys`` into ``host`` pages ``host_pages``.
 
-        ``tokens[i]`` are the token ids the page of ``keys[i]`` must hold.
-        Every page read is verified (checksum of its bytes, stored tokens
-        equal ``tokens[i]``); a page that fails is a miss, its record is
-        deleted and counted as corrupt. Reading stops at the first miss.
+        ``tokens[i]`` are the token ids the page of ``keys[i]`` must hold
+        (None: raw pages, which hold none). Every page read is verified (its
+        record was written under exactly this key, for ``namespace`` when
+        given, holds ``tokens[i]``, and the checksum of its bytes matches); a
+        page that fails is a miss, its record is deleted and counted as
+        corrupt. Reading stops at the first miss.
 
         The ticket's result is the number ``n`` of LEADING pages read and
         verified: host pages ``host_pages[:n]`` hold them bit-exactly; the
@@ -170,14 +215,17 @@ class Storage(Protocol):
     def put(
         self,
         keys: Sequence[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
         namespace: bytes,
+        meta: PutMeta | None = None,
     ) -> Ticket:
         """Write the host pages ``host_pages`` as the pages of ``keys``.
 
-        ``namespace`` tags the records for ``forget_namespace``. A key that
+        ``tokens`` None writes raw pages. ``namespace`` tags the records for
+        ``forget_namespace`` (and is checked by ``get``); ``meta`` records
+        the pages' event ids, parents and depths for ``scan``. A key that
         is already stored is left as it is (not rewritten). The writer reads
         the host pages later, on its own thread: the caller must leave them
         untouched until the ticket is done.
@@ -195,6 +243,13 @@ class Storage(Protocol):
 
     def forget_namespace(self, namespace: bytes) -> Ticket:
         """Remove every record put under ``namespace``; result: how many."""
+        ...
+
+    def scan(self) -> Iterator[RecordMeta]:
+        """The header of every record this fingerprint holds (no KV bytes
+        read), in no particular order; for announcing what storage holds when
+        an engine starts. ``RecordMeta.key`` is the page key (without the
+        fingerprint prefix). Reads a snapshot; called by the owner thread."""
         ...
 
     def take_removed(self) -> list[bytes]:
@@ -222,19 +277,28 @@ class NullStorage:
         return 0
 
     def get(
-        self, keys: Sequence[bytes], tokens: TokenPages, host: HostKVBuffer, host_pages: HostPages
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+        namespace: bytes | None = None,
     ) -> Ticket:
         return FutureTicket.completed(0)
 
     def put(
         self,
         keys: Sequence[bytes],
-        tokens: TokenPages,
-        host: HostKVBuffer,
+        tokens: TokenPages | None,
+        host: PageBuffer,
         host_pages: HostPages,
         namespace: bytes,
+        meta: PutMeta | None = None,
     ) -> Ticket:
         return FutureTicket.completed(0)
+
+    def scan(self) -> Iterator[RecordMeta]:
+        return iter(())
 
     def delete(self, keys: Sequence[bytes]) -> Ticket:
         return FutureTicket.completed(0)

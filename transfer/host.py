@@ -54,6 +54,11 @@ class HostKVBuffer:
         return block.tensor.view(self.spec.dtype).view(shape)
 
     @property
+    def page_bytes(self) -> int:
+        """Bytes of one page."""
+        return self.spec.page_bytes
+
+    @property
     def nbytes(self) -> int:
         return self.num_pages * self.spec.page_bytes
 

@@ -55,7 +55,7 @@ import numpy.typing as npt
 import torch
 
 from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_record import record_size
+from radixcache.offload.record import page_record_size
 from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache.offload.policy import make_write_policy
 from radixcache.cache import CacheConfig, RadixCache
@@ -231,7 +231,7 @@ class ReplayConfig:
             storage = None
             if self.storage_pages:
                 assert storage_dir is not None
-                cap = self.storage_pages * record_size(spec.page_size, spec.page_bytes)
+                cap = self.storage_pages * page_record_size(spec.page_size, spec.page_bytes)
                 # One writer transaction per job (max_batch_pages=1): batches then
                 # cannot depend on timing, nor can the records they evict. The map is
                 # sized well above what the records need (a full map would evict).

@@ -20,7 +20,7 @@ from radixcache.transfer.ticket import Ticket
 
 # 2 layers x 2 heads x 16 dims x fp16 x 4 tokens: 1 KiB pages, 1088 B records.
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float16, page_size=4)
-RECORD_BYTES = 48 + 4 * SPEC.page_size + SPEC.page_bytes
+RECORD_BYTES = 72 + 24 + 4 * SPEC.page_size + SPEC.page_bytes  # header, full key, tokens, KV
 
 
 class StoreKit:

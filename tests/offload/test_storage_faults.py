@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from radixcache.offload import lmdb_record, lmdb_space, lmdb_writer
+from radixcache.offload import lmdb_space, lmdb_writer
+from radixcache.offload import record as lmdb_record
 from radixcache.offload.lmdb_space import DISK_RESERVE_BYTES, disk_room
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.storage import ModelFingerprint, StorageError, StorageOpenError
