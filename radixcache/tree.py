@@ -349,8 +349,10 @@ class RadixTree:
         """Drop device pages of unlocked leaves until ``num_pages`` are freed.
 
         Leaves go in policy order; a parent whose last device child went
-        becomes a candidate. Whole nodes are evicted, so more pages than asked
-        may come back. ``before_drop(node)`` runs first for each victim (the
+        becomes a candidate. Eviction is page-granular where it can be: of
+        the last victim, only the tail pages still wanted are dropped when it
+        is a plain device leaf (see ``_tail_victim``); otherwise whole nodes
+        go, and more pages than asked may come back. ``before_drop(node)`` runs first for each victim (the
         tiers back it up there when their policy says so). A victim keeps its
         place in the tree if it has a host copy; otherwise it is removed, with
         any host-only descendants. Returns the released page ids (the caller
@@ -373,6 +375,7 @@ class RadixTree:
             if key(node) != entry[:-2]:
                 self._push(node)  # touched since it was pushed
                 continue
+            node = self._tail_victim(node, num_pages - count)
             if before_drop is not None:
                 before_drop(node)
             if node.host is None and node.children and self._busy_below(node):
@@ -385,6 +388,25 @@ class RadixTree:
             if node in self._evictable:
                 self._push(node)
         return EvictResult(_concat(dev), _concat(host))
+
+    def _tail_victim(self, node: Node, short: int) -> Node:
+        """The part of candidate ``node`` to evict when ``short`` pages are
+        still wanted: ``node`` itself, or, when it holds more than that and is
+        a plain device leaf (no children, no host copy, no job in flight), its
+        last ``short`` pages, cut off by a split.
+
+        Page-granular eviction: a request for n pages frees about n pages
+        instead of a whole multi-page leaf. The head keeps the leaf's policy
+        fields (a split copies them), so it stays where the leaf stood in
+        eviction order and goes next if more pages are wanted; the tail pages
+        go first because no other sequence can use them without the head.
+        """
+        assert node.device is not None
+        have = int(node.device.size)
+        if short >= have or node.children or node.host is not None or node.busy:
+            return node
+        self._split(node, have - short)  # ``node`` keeps its identity: now the tail
+        return node
 
     def _rebuild_heap(self) -> None:
         key = self.policy.key
