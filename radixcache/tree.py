@@ -170,6 +170,9 @@ class RadixTree:
             upper.keys = node.keys[: pages * KEY_BYTES]
             rest = node.keys[pages * KEY_BYTES :]
             node.keys = rest if rest else None
+        if node.ids is not None:  # likewise for event block ids
+            upper.ids = node.ids[:pages]
+            node.ids = node.ids[pages:] if node.ids.size > pages else None
         node.key = node.key[cut:]
         if node.device is not None:
             node.device = node.device[pages:]
