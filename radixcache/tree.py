@@ -134,6 +134,26 @@ class RadixTree:
             host_nodes=tuple(host_nodes),
         )
 
+    def peek(self, namespace: Namespace, tokens: TokenArray) -> int:
+        """Tokens of the longest device-resident cached prefix of ``tokens``
+        (whole pages) in ``namespace``.
+
+        Read-only: no lock, no recency or hit stamp, no split; what ``match``
+        would find on the device, for a scheduler that only wants the length.
+        """
+        p = self.page_size
+        n = tokens.size - tokens.size % p
+        node = self._roots.get(namespace)
+        pos = 0
+        while node is not None and pos < n:
+            child = node.children.get(tokens[pos : pos + p].tobytes())
+            if child is None or child.device is None:
+                break
+            matched = self._common_len(child.key, tokens, pos, n)
+            pos += matched
+            node = child if matched == child.key.size else None
+        return pos
+
     def _common_len(self, key: TokenArray, tokens: TokenArray, pos: int, n: int) -> int:
         """Tokens (page-aligned) that ``key`` shares with ``tokens[pos:n]``."""
         klen = key.size
