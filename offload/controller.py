@@ -3,9 +3,10 @@
 The controller submits page moves to the copy engine (device <-> host) and to
 storage (host <-> LMDB), keeps every job in flight in submission order, and
 hands finished ones back from ``poll()``. It knows nothing of the tree: each
-job carries an opaque ``tag`` from the owner, who applies the results
-(residency, locks, events). Nothing here runs on another thread except what
-the copy engine and the storage backend run themselves.
+job carries its ``owner``, the caller's object that applies the result
+(residency, locks, events) in ``owner.finish(ok)``; the controller never
+calls it. Nothing here runs on another thread except what the copy engine
+and the storage backend run themselves.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -31,13 +33,21 @@ class JobKind(enum.Enum):
     FETCH = "storage_to_host"  # storage records read into host pages
 
 
+class JobOwner(Protocol):
+    """Who submitted a move and applies its result, on the owner thread."""
+
+    def finish(self, ok: bool) -> None:
+        """The move is done (``ok``: it succeeded); apply it, release its holds."""
+        ...
+
+
 @dataclass(slots=True, eq=False)
 class Job:
     """One submitted move. The owner reads it; the controller completes it."""
 
     kind: JobKind  # what moves where
     ticket: Ticket  # the engine's or storage's handle
-    tag: object  # the owner's handle (e.g. the tree node); opaque here
+    owner: JobOwner  # applies the result when the move is harvested
     host_pages: PageIds  # host pages written (BACKUP, FETCH) or read (LOAD, STORE)
     device_pages: PageIds | None = None  # device pages read (BACKUP) or written (LOAD)
     keys: Sequence[bytes] = ()  # page keys (STORE, FETCH)
@@ -79,29 +89,31 @@ class OffloadController:
         self._jobs: list[Job] = []  # in flight, oldest first
 
     # ------------------------------------------------------------------ submit
-    def backup(self, device_pages: PageIds, host_pages: PageIds, tag: object) -> Job:
+    def backup(self, device_pages: PageIds, host_pages: PageIds, owner: JobOwner) -> Job:
         """Copy device pages into (already allocated) host pages."""
         ticket = self.copy.device_to_host(device_pages, host_pages)
-        return self._add(Job(JobKind.BACKUP, ticket, tag, host_pages, device_pages))
+        return self._add(Job(JobKind.BACKUP, ticket, owner, host_pages, device_pages))
 
     def backup_now(self, device_pages: PageIds, host_pages: PageIds) -> bool:
         """Copy device pages into host pages and wait for it (eviction under
         write-back). True if the copy succeeded; never raises for a failed copy."""
-        job = Job(JobKind.BACKUP, self.copy.device_to_host(device_pages, host_pages), None, host_pages)
-        job.ticket.wait()
+        submitted = time.perf_counter()
+        ticket = self.copy.device_to_host(device_pages, host_pages)
+        ticket.wait()
         c = self.counters
-        if job.ticket.error is not None:
+        if ticket.error is not None:
             c.failed[JobKind.BACKUP] += 1
             return False
-        c.pages[JobKind.BACKUP] += job.num_pages
-        c.bytes[JobKind.BACKUP] += job.num_pages * self.page_bytes
-        c.seconds[JobKind.BACKUP] += time.perf_counter() - job.submitted
+        n = int(host_pages.size)
+        c.pages[JobKind.BACKUP] += n
+        c.bytes[JobKind.BACKUP] += n * self.page_bytes
+        c.seconds[JobKind.BACKUP] += time.perf_counter() - submitted
         return True
 
-    def load(self, host_pages: PageIds, device_pages: PageIds, tag: object) -> Job:
+    def load(self, host_pages: PageIds, device_pages: PageIds, owner: JobOwner) -> Job:
         """Copy host pages into (already allocated) device pages."""
         ticket = self.copy.host_to_device(host_pages, device_pages)
-        return self._add(Job(JobKind.LOAD, ticket, tag, host_pages, device_pages))
+        return self._add(Job(JobKind.LOAD, ticket, owner, host_pages, device_pages))
 
     def store(
         self,
@@ -109,19 +121,24 @@ class OffloadController:
         tokens: TokenPages,
         host_pages: PageIds,
         namespace: bytes,
-        tag: object,
+        owner: JobOwner,
     ) -> Job:
         """Write host pages to storage under ``keys``."""
         ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace)
-        return self._add(Job(JobKind.STORE, ticket, tag, host_pages, keys=keys))
+        return self._add(Job(JobKind.STORE, ticket, owner, host_pages, keys=keys))
 
     def fetch(
-        self, keys: Sequence[bytes], tokens: TokenPages, host_pages: PageIds, tag: object
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages,
+        host_pages: PageIds,
+        namespace: bytes,
+        owner: JobOwner,
     ) -> Job:
-        """Read stored pages into (already allocated) host pages; the result is
-        how many leading pages arrived verified."""
-        ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages)
-        return self._add(Job(JobKind.FETCH, ticket, tag, host_pages, keys=keys))
+        """Read stored pages of ``namespace`` into (already allocated) host
+        pages; the result is how many leading pages arrived verified."""
+        ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages, namespace)
+        return self._add(Job(JobKind.FETCH, ticket, owner, host_pages, keys=keys))
 
     def _add(self, job: Job) -> Job:
         self._jobs.append(job)
@@ -145,7 +162,7 @@ class OffloadController:
                     c.failed[job.kind] += 1
                     continue
                 pages = job.num_pages
-                if job.kind is JobKind.FETCH:
+                if job.kind in (JobKind.FETCH, JobKind.STORE):  # pages read / committed
                     pages = int(job.ticket.result())
                 c.pages[job.kind] += pages
                 c.bytes[job.kind] += pages * self.page_bytes

@@ -88,6 +88,7 @@ from radixcache.transfer.ticket import FutureTicket, Ticket
 log = logging.getLogger(__name__)
 
 DURABILITY_MODES = ("safe", "fast")
+OPEN_ERROR_MODES = ("recover", "strict")  # see offload/lmdb_open.py
 _MAP_HEADROOM_BYTES = 64 << 20  # LMDB map beyond 2x capacity: meta, tree, free list
 
 
@@ -108,6 +109,14 @@ class StorageConfig:
     max_batch_pages: int = 256  # write jobs merged into one txn up to this many pages
     max_batch_bytes: int = 256 << 20  # ... and up to this many record bytes
     map_size_bytes: int | None = None  # LMDB map size; None: 2 x capacity + 64 MiB
+    # A store that cannot be opened: "recover" starts anyway (a damaged store is
+    # moved aside and a fresh one opened, or the tier is disabled); "strict"
+    # raises StorageOpenError instead (offload/lmdb_open.py).
+    on_open_error: str = "recover"
+    # Free disk the writer leaves alone (offload/lmdb_space.py): a fixed number
+    # of bytes, or None for disk_reserve_ratio of the file system, at most 64 MiB.
+    disk_reserve_bytes: int | None = None
+    disk_reserve_ratio: float = 0.01
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
@@ -122,6 +131,25 @@ class StorageConfig:
         _positive("max_batch_bytes", self.max_batch_bytes)
         if self.map_size_bytes is not None:
             _positive("map_size_bytes", self.map_size_bytes)
+        if self.on_open_error not in OPEN_ERROR_MODES:
+            raise ValueError(
+                f"on_open_error must be one of {OPEN_ERROR_MODES}, got {self.on_open_error!r}"
+            )
+        if self.disk_reserve_bytes is not None and (
+            not isinstance(self.disk_reserve_bytes, int)
+            or isinstance(self.disk_reserve_bytes, bool)
+            or self.disk_reserve_bytes < 0
+        ):
+            raise ValueError(
+                f"disk_reserve_bytes must be a non-negative int or None, "
+                f"got {self.disk_reserve_bytes!r}"
+            )
+        if not isinstance(self.disk_reserve_ratio, (int, float)) or not (
+            0 <= self.disk_reserve_ratio < 0.5
+        ):
+            raise ValueError(
+                f"disk_reserve_ratio must lie in [0, 0.5), got {self.disk_reserve_ratio!r}"
+            )
 
     @property
     def map_size(self) -> int:

@@ -21,12 +21,16 @@ import numpy as np
 
 from radixcache.errors import OutOfPagesError, RequestStateError
 from radixcache.eviction import make_eviction_policy
+from radixcache.events.types import KvEvent
+from radixcache.host_index import HostIndex
 from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
-from radixcache.node import Node, PageIds
+from radixcache.node import EMPTY_PAGES, Node, PageIds
+from radixcache.offload.host import HostPool
+from radixcache.page_keys import PageKeys
+from radixcache.recorder import EventRecorder, NullRecorder, Recorder
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
-from radixcache.events.types import KvEvent
-from radixcache.recorder import EventRecorder
+from radixcache.tier_config import open_storage
 from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
@@ -92,18 +96,30 @@ class RadixCache:
             DeviceKVBuffer(config.spec, num_pages, config.device) if config.allocate_kv else None
         )
         self.pool = PageAllocator(num_pages, "device")
-        self.tree = RadixTree(self.page_size, make_eviction_policy(config.eviction_policy))
-        if config.record_events:
-            self.tree.recorder = EventRecorder(self.tree)
+        policy = make_eviction_policy(config.eviction_policy)
+        recorder: Recorder = (
+            EventRecorder(PageKeys(self.page_size)) if config.record_events else NullRecorder()
+        )
         self.counters = Counters()
         self._live: dict[int, Request] = {}
         self._next_rid = 0
-        self._forgotten: set[Namespace] = set()
+        self._forgets: dict[Namespace, int] = {}  # forget_namespace calls per namespace
         self.tiers: Tiers = NullTiers()
-        if config.tiers is not None:
+        if config.tiers is None:
+            self.tree = RadixTree(self.page_size, policy, recorder)
+        else:
             assert self.kv is not None
+            host = HostPool(config.spec, config.tiers.host, num_pages)
+            index = HostIndex(host, recorder, self.page_size)
+            self.tree = RadixTree(self.page_size, policy, recorder, index)
             self.tiers = HostTiers(
-                self.tree, self.kv, config.tiers, self._allocate_or_none, self.pool.free
+                self.tree,
+                index,
+                self.kv,
+                config.tiers,
+                open_storage(config.tiers, config.spec),
+                self._allocate_or_none,
+                self.pool.free,
             )
 
     # ------------------------------------------------------------------ lifecycle
@@ -127,21 +143,15 @@ class RadixCache:
         arr = as_tokens(tokens, "prompt")
         if arr is tokens:
             arr = arr.copy()  # never keep a reference the caller may mutate
-        req = Request(self._next_rid, namespace, arr, priority)
+        req = Request(self._next_rid, namespace, arr, priority, self._forgets.get(namespace, 0))
         self._next_rid += 1
         usable = arr[: max(arr.size - 1, 0)]
         match = self.tree.match(namespace, usable, priority)
-        if match.host_nodes and match.host_nodes[0].busy and self.tiers.settle_copies():
+        if self.tiers.wait_for_loads(match):
             # Another request is loading this prefix back: let those copies land
             # (memcpy speed) and share them instead of stopping short.
             match = self.tree.match(namespace, usable, priority)
-        if match.last_device_node is not None:
-            self.tree.lock(match.last_device_node)
-            req.locked_node = match.last_device_node
-        req._append_pages(match.device_pages)
-        req.shared_pages = req.num_pages
-        req.cached_len = req.num_computed = req.reserved_tokens = match.device_len
-        req.hit_device = match.device_len
+        req.admit_cached(self.tree, match.last_device_node, match.device_pages, match.device_len)
         self._live[req.rid] = req
         self.tiers.on_admit(req, match, arr)
         c = self.counters
@@ -177,9 +187,7 @@ class RadixCache:
         target = req.num_computed + num_tokens
         if target > req.reserved_tokens:
             need = -(-target // self.page_size) - req.num_pages
-            if need > 0:
-                req._append_pages(self._allocate(need))
-            req.reserved_tokens = target
+            req.add_pages(self._allocate(need) if need > 0 else EMPTY_PAGES, target)
         return req.page_table
 
     def _begin_step(self, req: Request, num_tokens: int, what: str) -> None:
@@ -194,7 +202,7 @@ class RadixCache:
     def extend(self, req: Request, tokens: object) -> None:
         """Append tokens the runner produced (e.g. the sampled token) to ``req``."""
         self._check_live(req)
-        req._append_tokens(as_tokens(tokens, "extend"))
+        req.append_tokens(as_tokens(tokens, "extend"))
 
     def commit(self, req: Request, num_tokens: int) -> None:
         """Record that KV for the next ``num_tokens`` positions was written.
@@ -216,21 +224,20 @@ class RadixCache:
                 f"commit of {num_tokens} tokens reaches position {end}, "
                 f"but the request has {req.num_tokens} tokens; extend() it first"
             )
-        req.num_computed = end
+        req.computed(end)
         full = end // self.page_size
         if full > req.shared_pages:
             self._insert(req, full)
 
     def _insert(self, req: Request, full: int) -> None:
+        if self._forgets and not req.may_insert(self._forgets.get(req.namespace, 0)):
+            return  # its prefix was forgotten: later pages stay its own, freed at release
         p = self.page_size
-        table = req.page_table
         # Unlock first: the insert may then extend the request's own leaf in
         # place (nothing can be evicted between here and the lock below).
-        if req.locked_node is not None:
-            self.tree.unlock(req.locked_node)
-            req.locked_node = None
+        req.unlock(self.tree)
         result = self.tree.insert(
-            req.namespace, req.tokens[: full * p], table[:full], req.priority
+            req.namespace, req.tokens[: full * p], req.page_table[:full], req.priority
         )
         # A node being loaded back (its device pages in flight) stops the insert
         # early: the pages after it stay private to this request and are
@@ -238,17 +245,12 @@ class RadixCache:
         full = result.inserted_pages
         # Pages [shared_pages, existing) were computed by this request but are
         # already cached: adopt the tree's pages, free ours.
-        dup_from, dup_to = req.shared_pages, max(result.existing_pages, req.shared_pages)
-        if dup_to > dup_from:
-            dup = table[dup_from:dup_to].copy()
-            table[dup_from:dup_to] = result.device_pages[dup_from:dup_to]
+        dup_to = max(result.existing_pages, req.shared_pages)
+        dup = req.inserted(self.tree, result.last_node, full, result.device_pages, dup_to)
+        if dup.size:
             self.pool.free(dup)
-            self.counters.duplicate_pages += dup_to - dup_from
+            self.counters.duplicate_pages += int(dup.size)
         self.counters.committed_pages += full - dup_to
-        if full:
-            self.tree.lock(result.last_node)
-            req.locked_node = result.last_node
-        req.shared_pages = full
         self.tiers.on_insert(result)
 
     def release(self, req: Request) -> None:
@@ -260,35 +262,43 @@ class RadixCache:
         self._check_live(req)
         if req.pending:
             self.tiers.abandon(req)
-        if req.locked_node is not None:
-            self.tree.unlock(req.locked_node)
-            req.locked_node = None
-        private = req.page_table[req.shared_pages :]
+        private = req.end(self.tree)
         if private.size:
-            self.pool.free(private.copy())
-        req.num_pages = req.shared_pages
-        req.released = True
+            self.pool.free(private)
         del self._live[req.rid]
-        if req.namespace in self._forgotten:
-            self.forget_namespace(req.namespace)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Remove pages of forgotten namespaces that nothing holds any more."""
+        if self.tree.detached_count:
+            freed = self.tree.sweep_detached()
+            if freed.size:
+                self.pool.free(freed)
 
     # ------------------------------------------------------------------ capacity
     def _allocate(self, n: int) -> PageIds:
-        pages = self.pool.allocate(n)
-        if pages is None:
-            self.evict(n - self.pool.free_count)
-            pages = self.pool.allocate(n)
-        if pages is None and self.tiers.settle_copies():
-            # Copies in flight pinned pages; once applied they may be evictable.
-            self.evict(n - self.pool.free_count)
-            pages = self.pool.allocate(n)
-        if pages is None and self.tiers.drain():
-            # Storage writes kept host-only children (and so their parents) in place.
-            self.evict(n - self.pool.free_count)
-            pages = self.pool.allocate(n)
+        """``n`` device pages, evicting if the pool is short. Evicts nothing
+        unless the free and evictable pages cover ``n`` (a failed allocation
+        changes nothing); jobs in flight that pin device pages are finished
+        first when that helps."""
+        pool, tree = self.pool, self.tree
+        pages = pool.allocate(n)
+        if pages is not None:
+            return pages
+        if pool.free_count + tree.evictable_pages < n and self.tiers.settle_copies():
+            pass  # copies in flight pinned pages; once applied they may be free or evictable
+        while pool.free_count + tree.evictable_pages < n and self.tiers.drain():
+            pass  # abandoned fetches, stores under host-only children, ...
+        if pool.free_count + tree.evictable_pages >= n:
+            self.evict(n - pool.free_count)
+            pages = pool.allocate(n)
+            if pages is None and self.tiers.drain():
+                # Jobs held descendants of the victims: they are done now.
+                self.evict(n - pool.free_count)
+                pages = pool.allocate(n)
         if pages is None:
             self.counters.out_of_pages += 1
-            raise OutOfPagesError(n, self.pool.free_count, self.tree.evictable_pages)
+            raise OutOfPagesError(n, pool.free_count, tree.evictable_pages)
         return pages
 
     def _allocate_or_none(self, n: int) -> PageIds | None:
@@ -306,7 +316,6 @@ class RadixCache:
         if freed.size:
             self.pool.free(freed)
             self.counters.evicted_pages += int(freed.size)
-        self.tiers.free_host(result.host_pages)
         return int(freed.size)
 
     def poll(self) -> int:
@@ -315,9 +324,22 @@ class RadixCache:
         Call once per step on the owner thread; returns how many finished.
         """
         done = self.tiers.poll()
-        for namespace in list(self._forgotten):  # pages that were busy may go now
-            self.forget_namespace(namespace)
+        self._sweep()  # pages of forgotten namespaces that jobs held may go now
         return done
+
+    def drain(self) -> int:
+        """Wait for every tier job in flight (backups, stores, loads, fetches)
+        and apply it; returns how many finished. For a consistent view of the
+        tiers (tests, tools, a checkpoint before shutdown)."""
+        finished = 0
+        while True:
+            self.tiers.drain()
+            n = self.tiers.poll()
+            finished += n
+            if not n:
+                break
+        self._sweep()
+        return finished
 
     def tier_stats(self) -> TierStats | None:
         """A snapshot of the host and storage tiers, None without them."""
@@ -335,20 +357,22 @@ class RadixCache:
 
     # ------------------------------------------------------------------ bulk
     def forget_namespace(self, namespace: Namespace) -> int:
-        """Remove everything cached under ``namespace`` that no request locks.
+        """Remove everything cached under ``namespace``, on every tier.
 
-        Returns the number of pages that could not be removed yet because
-        live requests hold them; they are removed when those requests end.
+        From the return on, no request is served a page of ``namespace``
+        cached before the call. Pages live requests (or jobs in flight) still
+        hold stay allocated, invisible to new requests, and go when they are
+        released; returns how many device pages that is. Pages cached after
+        the call are untouched. Raises TypeError if ``namespace`` is not a
+        Namespace.
         """
+        if not isinstance(namespace, Namespace):
+            raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
+        self._forgets[namespace] = self._forgets.get(namespace, 0) + 1
         result = self.tree.forget(namespace)
         if result.device_page_ids.size:
             self.pool.free(result.device_page_ids)
-        self.tiers.free_host(result.host_page_ids)
-        self.tiers.forget(namespace.digest())
-        if result.pending_pages:
-            self._forgotten.add(namespace)
-        else:
-            self._forgotten.discard(namespace)
+        self.tiers.forget(namespace)
         return result.pending_pages
 
     def reset(self, force: bool = False) -> None:
@@ -363,17 +387,15 @@ class RadixCache:
                 f"reset refused: {len(self._live)} live requests hold pages; "
                 f"release them or pass force=True"
             )
+        for req in self._live.values():
+            if req.pending:
+                self.tiers.abandon(req)
         self.tiers.drain()
         for req in self._live.values():
-            req.released = True
-            req.locked_node = None
-            req.num_pages = 0
-            req.pending = []
+            req.end_forced()
         self._live.clear()
-        self._forgotten.clear()
-        device, host = self.tree.reset()
-        self.pool.free(device)
-        self.tiers.free_host(host)
+        self.pool.free(self.tree.reset())
+        self.tiers.reset()
         leftover = self.pool.allocated_ids()  # private pages of the ended requests
         self.pool.free(leftover)
 

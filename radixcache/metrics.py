@@ -63,6 +63,9 @@ def collect(cache: RadixCache, publisher: EventPublisher | None = None) -> list[
             ("inflight_copies", "gauge", "Tier jobs in flight", {}, t.in_flight),
             ("failed_jobs", "counter", "Copies or storage operations that failed", {},
              t.failed_jobs),
+            ("storage_state", "gauge",
+             "Storage tier at start: 0 opened, 1 recovered (damaged store moved aside), "
+             "2 disabled", {}, ("opened", "recovered", "disabled").index(t.storage_state)),
         ]
         for direction, pages in t.pages_moved.items():
             out.append(("moved_pages", "counter", "Pages moved, per direction",

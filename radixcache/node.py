@@ -25,10 +25,16 @@ class Node:
     * ``host``: host page ids, or None;
     * ``stored``: True once every page of the run is committed to storage.
 
-    A non-root node always has device or host pages; one with neither is
-    removed from the tree. Device residency is prefix-closed: a node with
-    device pages has a parent with device pages (or is a child of the root),
-    because device eviction only takes nodes without device-resident children.
+    The tree owns the index fields, ``device`` and the locks. ``host``,
+    ``stored``, ``holds`` and ``loading`` belong to the tiers below the device
+    (radixcache/host_index.py): they sit on the node for speed, and the tree
+    never reads or writes them; it asks the ``LowerTiers`` it was built with.
+
+    A non-root node always has device pages or a copy below the device; one
+    with neither is removed from the tree. Device residency is prefix-closed:
+    a node with device pages has a parent with device pages (or is a child of
+    the root), because device eviction only takes nodes without
+    device-resident children.
     """
 
     __slots__ = (
@@ -48,7 +54,8 @@ class Node:
         "keys",
         "ids",
         "heap_seq",
-        "busy",
+        "holds",
+        "loading",
     )
 
     def __init__(
@@ -74,7 +81,8 @@ class Node:
         self.keys: bytes | None = None  # cached 16-byte page keys (a prefix of them, lazily)
         self.ids: npt.NDArray[np.int64] | None = None  # cached event block ids (a prefix, lazily)
         self.heap_seq = -1  # sequence number of this node's newest eviction-heap entry
-        self.busy = 0  # tier jobs in flight on its pages (a split copies it to both pieces)
+        self.holds = 0  # tier jobs in flight on its pages (a split copies it to both pieces)
+        self.loading = 0  # of those, loads writing its device pages (no adoption meanwhile)
 
     @property
     def is_root(self) -> bool:
@@ -121,10 +129,12 @@ class InsertResult:
 
 @dataclass(slots=True)
 class EvictResult:
-    """Pages released by an eviction; the caller frees them in its pools."""
+    """Device pages released by an eviction; the caller frees them in its pool.
+
+    (Copies below the device of nodes removed with a victim are released by
+    the tree's ``LowerTiers.discard``.)"""
 
     device_pages: PageIds  # device pages dropped
-    host_pages: PageIds  # host pages of host-only descendants removed with them
 
 
 @dataclass(slots=True)
@@ -132,7 +142,5 @@ class ForgetResult:
     """Outcome of forgetting a namespace."""
 
     removed_pages: int  # device pages released
-    removed_host_pages: int  # host pages released
-    pending_pages: int  # pages kept because live requests still lock them
+    pending_pages: int  # device pages kept (detached) because requests or jobs still hold them
     device_page_ids: PageIds  # the released device pages, for the caller to free
-    host_page_ids: PageIds  # the released host pages, for the caller to free

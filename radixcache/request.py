@@ -2,12 +2,52 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
 from radixcache.namespace import Namespace
 from radixcache.node import Node, PageIds, TokenArray
+
+
+class Locks(Protocol):
+    """The tree's lock counts (what a request's lock moves on)."""
+
+    def lock(self, node: Node) -> None: ...
+
+    def unlock(self, node: Node) -> None: ...
+
+
+class PendingLoad(Protocol):
+    """A tier job whose pages a request already has in its page table."""
+
+    @property
+    def start_page(self) -> int:
+        """Index in the request's page table of the job's first page."""
+        ...
+
+    @property
+    def before(self) -> Node | None:
+        """The node the request held locked before this job started."""
+        ...
+
+    @property
+    def num_pages(self) -> int:
+        """Pages the job moves."""
+        ...
+
+    def done(self) -> bool:
+        """The move finished (``poll`` has not necessarily applied it yet)."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the move finished or ``timeout`` passed; True if done."""
+        ...
+
+    def give_up(self) -> None:
+        """The request no longer waits: the job finishes on its own and
+        keeps (then frees or caches) its pages."""
+        ...
 
 
 class Request:
@@ -22,7 +62,8 @@ class Request:
     far pages were reserved. Shared pages are read-only: they may be used by
     other requests at the same time.
 
-    The cache mutates handles; runners read them.
+    Runners read handles; the cache and the tiers change them only through
+    the methods below, each of which keeps the layout above consistent.
     """
 
     __slots__ = (
@@ -43,9 +84,12 @@ class Request:
         "hit_device",
         "hit_host",
         "hit_storage",
+        "forgets",
     )
 
-    def __init__(self, rid: int, namespace: Namespace, tokens: TokenArray, priority: int) -> None:
+    def __init__(
+        self, rid: int, namespace: Namespace, tokens: TokenArray, priority: int, forgets: int = 0
+    ) -> None:
         self.rid = rid  # unique id within the cache
         self.namespace = namespace  # identity beyond tokens
         self.priority = priority  # for the priority eviction policy
@@ -59,10 +103,11 @@ class Request:
         self.shared_pages = 0  # leading pages owned by the tree
         self.locked_node: Node | None = None  # node this request locks (None: nothing)
         self.released = False  # set by release
-        self.pending: list[Any] = []  # tier loads this request waits for (oldest first)
+        self.pending: list[PendingLoad] = []  # tier loads this request waits for (oldest first)
         self.hit_device = 0  # prompt tokens found on the device at admission
         self.hit_host = 0  # ... in host memory (loaded back)
         self.hit_storage = 0  # ... in storage (prefetched)
+        self.forgets = forgets  # times its namespace was forgotten before its cached prefix was taken
 
     @property
     def tokens(self) -> TokenArray:
@@ -81,6 +126,7 @@ class Request:
         """Device page ids covering positions ``[0, reserved_tokens)`` (a view)."""
         return self._pages[: self.num_pages]
 
+    # ------------------------------------------------------------------ state changes
     def _append_pages(self, pages: PageIds) -> None:
         need = self.num_pages + pages.size
         if need > self._pages.size:
@@ -90,7 +136,144 @@ class Request:
         self._pages[self.num_pages : need] = pages
         self.num_pages = need
 
-    def _append_tokens(self, tokens: TokenArray) -> None:
+    def _move_lock(self, locks: Locks, node: Node | None) -> None:
+        """Hold ``node`` (None: nothing) instead of the current locked node."""
+        if node is not None:
+            locks.lock(node)
+        if self.locked_node is not None:
+            locks.unlock(self.locked_node)
+        self.locked_node = node
+
+    def _set_cached(self, pages: int, page_size: int) -> None:
+        """The first ``pages`` pages are cached (shared, computed)."""
+        self.shared_pages = pages
+        self.cached_len = self.num_computed = pages * page_size
+
+    def admit_cached(self, locks: Locks, node: Node | None, pages: PageIds, tokens: int) -> None:
+        """At admission: ``tokens`` cached tokens in device ``pages``, up to
+        ``node`` (locked for the request)."""
+        self._move_lock(locks, node)
+        self._append_pages(pages)
+        self.shared_pages = self.num_pages
+        self.cached_len = self.num_computed = self.reserved_tokens = tokens
+        self.hit_device = tokens
+
+    def take_loading(
+        self, locks: Locks, node: Node | None, pages: PageIds, job: PendingLoad, page_size: int
+    ) -> None:
+        """Device ``pages`` that ``job`` is filling join the page table as
+        cached; the request's lock moves to ``node`` (None: it stays)."""
+        if node is not None:
+            self._move_lock(locks, node)
+        self._append_pages(pages)
+        self._set_cached(self.num_pages, page_size)
+        self.reserved_tokens = self.num_pages * page_size
+        self.pending.append(job)
+
+    def loaded(self, job: PendingLoad) -> None:
+        """``job``'s pages arrived."""
+        self.pending.remove(job)
+
+    def chain(
+        self, locks: Locks, old: PendingLoad, new: PendingLoad, node: Node | None
+    ) -> None:
+        """``new`` finishes what ``old`` started (a fetch chains a load); the
+        lock moves to ``node`` when given."""
+        self.pending[self.pending.index(old)] = new
+        if node is not None:
+            self._move_lock(locks, node)
+
+    def keep_first(self, pages: int, shared: int, page_size: int) -> None:
+        """Only the first ``pages`` pages hold cached KV (the rest of the
+        table stays reserved, the request's own, to compute into); the first
+        ``shared`` of them are the tree's."""
+        self.shared_pages = shared
+        self.cached_len = self.num_computed = pages * page_size
+
+    def roll_back(
+        self,
+        locks: Locks,
+        start_page: int,
+        before: Node | None,
+        page_size: int,
+        keep_private: PageIds | None = None,
+    ) -> int:
+        """Give up every pending load from page ``start_page`` on: the request
+        recomputes from there. Its lock goes back to ``before``. With
+        ``keep_private``, those device pages stay in the table as its own
+        (free to compute into). Returns the pages given up."""
+        lost = self.num_pages - start_page
+        keep = next(i for i, j in enumerate(self.pending) if j.start_page >= start_page)
+        for job in self.pending[keep:]:
+            job.give_up()
+        del self.pending[keep:]
+        self._move_lock(locks, before)
+        self.num_pages = start_page
+        if keep_private is not None:
+            self._append_pages(keep_private)
+        self._set_cached(start_page, page_size)
+        self.reserved_tokens = self.num_pages * page_size
+        return lost
+
+    def add_pages(self, pages: PageIds, reserved_tokens: int) -> None:
+        """Private pages reserved up to position ``reserved_tokens``."""
+        if pages.size:
+            self._append_pages(pages)
+        self.reserved_tokens = reserved_tokens
+
+    def may_insert(self, forgets: int) -> bool:
+        """Whether this request's pages may join the tree, its namespace having
+        been forgotten ``forgets`` times so far: not while its cached prefix
+        belongs to a forgotten incarnation of the namespace (with nothing
+        cached yet, it starts over in the new one)."""
+        if forgets == self.forgets:
+            return True
+        if self.shared_pages:
+            return False
+        self.forgets = forgets
+        return True
+
+    def computed(self, end: int) -> None:
+        """KV is written up to position ``end``."""
+        self.num_computed = end
+
+    def unlock(self, locks: Locks) -> None:
+        """Drop the request's lock (before its pages are inserted)."""
+        self._move_lock(locks, None)
+
+    def inserted(
+        self, locks: Locks, node: Node | None, full: int, tree_pages: PageIds, dup_to: int
+    ) -> PageIds:
+        """The first ``full`` pages are now the tree's, up to ``node``.
+        Pages ``[shared_pages, dup_to)`` were cached already: the table
+        takes the tree's ``tree_pages`` for them; returns this request's
+        copies (for the caller to free)."""
+        dup_from = self.shared_pages
+        table = self.page_table
+        dup = table[dup_from:dup_to].copy()
+        table[dup_from:dup_to] = tree_pages[dup_from:dup_to]
+        if full:
+            self._move_lock(locks, node)
+        self.shared_pages = full
+        return dup
+
+    def end(self, locks: Locks) -> PageIds:
+        """Release: unlock, and return the private pages (for the caller to free)."""
+        self._move_lock(locks, None)
+        private = self.page_table[self.shared_pages :].copy()
+        self.num_pages = self.shared_pages
+        self.released = True
+        return private
+
+    def end_forced(self) -> None:
+        """The cache dropped everything (a forced reset): the handle is dead."""
+        self.released = True
+        self.locked_node = None
+        self.num_pages = 0
+        self.pending = []
+
+    def append_tokens(self, tokens: TokenArray) -> None:
+        """Tokens the runner produced (decode)."""
         need = self.num_tokens + tokens.size
         if need > self._tokens.size or not self._tokens.flags.writeable:
             grown = np.empty(max(need, 2 * self._tokens.size, 16), dtype=np.int32)

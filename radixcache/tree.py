@@ -10,9 +10,19 @@ Children are keyed by the bytes of their first page, so a step down the tree
 is one dict lookup and one vectorized comparison of the whole run; no Python
 object exists per page or per token.
 
-The tree only indexes. It knows nothing of CUDA, storage or events: page ids
-are opaque arrays handed in by the caller and handed back on eviction, and the
-caller frees them. It is driven by one owner thread and starts no thread.
+The tree is the index, device residency, device eviction and locks. It
+knows nothing of CUDA, storage, events or tier jobs: page ids are opaque
+arrays handed in by the caller and handed back on eviction, and the caller
+frees them. What lives below the device (host copies, stored pages, the holds
+of jobs in flight) is the business of the ``LowerTiers`` given at
+construction, which the tree only asks (is this node resident below? held by
+a job?) and tells (a node was split, or left the tree). The ``Recorder``
+given at construction hears of every device residency change. It is driven by
+one owner thread and starts no thread.
+
+Forgetting a namespace detaches its root: pages that requests or jobs still
+hold stay allocated under the detached root, invisible to ``match`` and
+``insert``, until ``sweep_detached`` finds them free.
 """
 
 from __future__ import annotations
@@ -20,13 +30,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
+from typing import Final, Protocol
 
 import numpy as np
 
-from radixcache.events.types import CPU_PINNED, DISK, GPU
-from radixcache.eviction import EvictionPolicy, SortKey
-from radixcache.hashing import KEY_BYTES, chain_keys
+from radixcache.eviction import EvictionPolicy
+from radixcache.hashing import KEY_BYTES
 from radixcache.namespace import Namespace
+from radixcache.page_keys import PageKeys
 from radixcache.recorder import NullRecorder, Recorder
 from radixcache.node import (
     EMPTY_PAGES,
@@ -38,6 +49,66 @@ from radixcache.node import (
     PageIds,
     TokenArray,
 )
+
+
+GPU: Final = "GPU"  # the device medium, as the recorder names it
+
+
+class LowerTiers(Protocol):
+    """What the tree asks of, and tells, the tiers below the device.
+
+    The tiers own every node's ``host``, ``stored``, ``holds`` and
+    ``loading`` fields; the tree reads none of them. Owner thread only.
+    """
+
+    def resident(self, node: Node) -> bool:
+        """``node`` has a copy below the device that a match can load back:
+        it stays in the tree without device pages."""
+        ...
+
+    def adoptable(self, node: Node) -> bool:
+        """An insert may give device pages to ``node`` (which has none): no
+        load is writing them."""
+        ...
+
+    def bare(self, node: Node) -> bool:
+        """Nothing below the device refers to ``node`` (it may grow in place)."""
+        ...
+
+    def held(self, node: Node) -> bool:
+        """A job in flight holds ``node``'s pages: it must stay in the tree."""
+        ...
+
+    def split(self, upper: Node, lower: Node, pages: int) -> None:
+        """``lower`` was cut after ``pages`` pages; ``upper`` is the new first
+        piece: share the lower tiers' fields between the two."""
+        ...
+
+    def discard(self, node: Node) -> None:
+        """``node`` left the tree: release what it holds below the device."""
+        ...
+
+
+class NoLowerTiers:
+    """A device-only tree: nothing lives below the device."""
+
+    def resident(self, node: Node) -> bool:
+        return False
+
+    def adoptable(self, node: Node) -> bool:
+        return True
+
+    def bare(self, node: Node) -> bool:
+        return True
+
+    def held(self, node: Node) -> bool:
+        return False
+
+    def split(self, upper: Node, lower: Node, pages: int) -> None:
+        pass
+
+    def discard(self, node: Node) -> None:
+        pass
 
 
 def _concat(parts: list[PageIds]) -> PageIds:
@@ -54,10 +125,16 @@ class RadixTree:
     Counters (exact at every moment):
     ``device_pages`` (device pages held by nodes), ``evictable_pages`` (those
     in unlocked nodes), ``protected_pages`` (those in locked nodes),
-    ``host_pages``, ``node_count`` (non-root nodes).
+    ``node_count`` (non-root nodes, detached ones included).
     """
 
-    def __init__(self, page_size: int, policy: EvictionPolicy) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        policy: EvictionPolicy,
+        recorder: Recorder | None = None,
+        lower: LowerTiers | None = None,
+    ) -> None:
         if not isinstance(page_size, int) or page_size <= 0 or page_size & (page_size - 1):
             raise ValueError(f"page_size must be a positive power of two, got {page_size!r}")
         self.page_size = page_size
@@ -73,11 +150,13 @@ class RadixTree:
         # re-pushed.
         self._evictable: set[Node] = set()
         self._heap: list[tuple[object, ...]] = []  # (*key, seq, node): flat, so compares are on ints
+        self._detached: list[Node] = []  # roots of forgotten namespaces still holding pages
         self.device_pages = 0
         self.evictable_pages = 0
-        self.host_pages = 0
         self.node_count = 0
-        self.recorder: Recorder = NullRecorder()  # told of every residency change
+        self.keys = PageKeys(page_size)
+        self.recorder: Recorder = NullRecorder() if recorder is None else recorder
+        self.lower: LowerTiers = NoLowerTiers() if lower is None else lower
 
     # ------------------------------------------------------------------ lookup
     @property
@@ -120,7 +199,7 @@ class RadixTree:
                 device_parts.append(child.device)
                 device_len += matched
                 last_device = child
-            elif child.host is not None:
+            elif self.lower.resident(child):
                 host_nodes.append(child)
             else:  # the device part ended and this node is not on the host
                 break
@@ -179,13 +258,10 @@ class RadixTree:
         assert parent is not None and 0 < cut < node.key.size
         upper = Node(node.key[:cut], parent, node.namespace, node.uid)
         upper.device = None if node.device is None else node.device[:pages]
-        upper.host = None if node.host is None else node.host[:pages]
-        upper.stored = node.stored
         upper.lock_ref = node.lock_ref
         upper.last_access = node.last_access
         upper.hit_count = node.hit_count
         upper.priority = node.priority
-        upper.busy = node.busy  # a job in flight covers both pieces
         if node.keys is not None:  # may cover only a prefix of the node
             upper.keys = node.keys[: pages * KEY_BYTES]
             rest = node.keys[pages * KEY_BYTES :]
@@ -197,8 +273,7 @@ class RadixTree:
         if node.device is not None:
             node.device = node.device[pages:]
             upper.device_children = 1
-        if node.host is not None:
-            node.host = node.host[pages:]
+        self.lower.split(upper, node, pages)
         parent.children[upper.key[:p].tobytes()] = upper
         upper.children = {node.key[:p].tobytes(): node}
         node.parent = upper
@@ -241,7 +316,7 @@ class RadixTree:
             if child is None:
                 break
             matched = self._common_len(child.key, tokens, pos, total)
-            if child.busy and child.device is None:
+            if child.device is None and not self.lower.adoptable(child):
                 break  # being loaded back: no adoption; the insert stops here
             if matched < child.key.size:
                 child = self._split(child, matched // p)
@@ -293,16 +368,14 @@ class RadixTree:
         Path compression: a chat that grows turn by turn would otherwise
         become a chain of one-child nodes, each costing a step on every
         match. Only a device-only, unlocked leaf is extended, so no lock,
-        host copy or stored flag ever covers pages it was not taken for.
+        host copy, stored flag or job ever covers pages it was not taken for.
         """
         return (
             node.parent is not None
             and not node.children
             and node.lock_ref == 0
-            and node.host is None
-            and not node.stored
             and node.device is not None
-            and not node.busy
+            and self.lower.bare(node)
         )
 
     def _extend_leaf(self, node: Node, tokens: TokenArray, pages: PageIds) -> None:
@@ -377,17 +450,18 @@ class RadixTree:
         is a plain device leaf (see ``_tail_victim``); otherwise whole nodes
         go, and more pages than asked may come back. ``before_drop(node)`` runs first for each victim (the
         tiers back it up there when their policy says so). A victim keeps its
-        place in the tree if it has a host copy; otherwise it is removed, with
-        any host-only descendants. Returns the released page ids (the caller
-        frees them in its pools).
+        place in the tree if it is resident below the device; otherwise it is
+        removed, with its descendants (the lower tiers are told through
+        ``discard``). Returns the released device page ids (the caller frees
+        them in its pool).
         """
         dev: list[PageIds] = []
-        host: list[PageIds] = []
         count = 0
         if len(self._heap) > len(self._evictable) + 64:
             self._rebuild_heap()  # mostly superseded entries: cheaper to start over
         heap = self._heap
         key = self.policy.key
+        lower = self.lower
         skipped: list[Node] = []
         while count < num_pages and heap:
             entry = heapq.heappop(heap)
@@ -401,16 +475,16 @@ class RadixTree:
             node = self._tail_victim(node, num_pages - count)
             if before_drop is not None:
                 before_drop(node)
-            if node.host is None and node.children and self._busy_below(node):
-                skipped.append(node)  # host-only children being written: not now
+            if node.children and not lower.resident(node) and self._held_below(node):
+                skipped.append(node)  # descendants held by jobs: not now
                 continue
-            pages = self.drop_device(node, host)
+            pages = self.drop_device(node)
             dev.append(pages)
             count += pages.size
         for node in skipped:  # still candidates: give them their heap entry back
             if node in self._evictable:
                 self._push(node)
-        return EvictResult(_concat(dev), _concat(host))
+        return EvictResult(_concat(dev))
 
     def _tail_victim(self, node: Node, short: int) -> Node:
         """The part of candidate ``node`` to evict when ``short`` pages are
@@ -441,12 +515,11 @@ class RadixTree:
         heapq.heapify(heap)
         self._heap = heap
 
-    def drop_device(self, node: Node, host_out: list[PageIds] | None = None) -> PageIds:
+    def drop_device(self, node: Node) -> PageIds:
         """Remove ``node``'s device residency (it must be an unlocked device leaf).
 
-        Returns its device page ids. Without a host copy the node leaves the
-        tree, and so do its (host-only) descendants, whose host page ids are
-        appended to ``host_out``.
+        Returns its device page ids. A node not resident below the device
+        leaves the tree, with its descendants (none may be held by a job).
         """
         pages = node.device
         parent = node.parent
@@ -458,41 +531,37 @@ class RadixTree:
         self.evictable_pages -= pages.size
         self._evictable.discard(node)
         parent.device_children -= 1
-        if node.host is None:
-            lost: list[PageIds] = [] if host_out is None else host_out
+        if not self.lower.resident(node):
             for child in list(node.children.values()):
-                assert child.lock_ref == 0 and not child.busy, "a protected node under a victim"
+                assert child.lock_ref == 0, "a locked node under a victim"
                 del node.children[child.key[: self.page_size].tobytes()]
                 for gone in self._subtree(child):
-                    self._discount(gone, [], lost)
-            assert host_out is not None or not lost, "host pages dropped with nowhere to go"
-            self._remove_node(node)
+                    self._discount(gone, [])
+            self.lower.discard(node)
+            self._unlink(node)
         self._update_candidate(parent)
         return pages
 
-    def _busy_below(self, node: Node) -> bool:
-        """True if a job is in flight on ``node`` or any descendant."""
-        return any(n.busy for n in self._subtree(node))
+    def _held_below(self, node: Node) -> bool:
+        """True if a job in flight holds ``node`` or any descendant."""
+        held = self.lower.held
+        return any(held(n) for n in self._subtree(node))
 
-    def _remove_node(self, node: Node) -> None:
+    def _unlink(self, node: Node) -> None:
         parent = node.parent
         assert parent is not None and not node.children, "removing an inner node"
         del parent.children[node.key[: self.page_size].tobytes()]
         self.node_count -= 1
         if parent.parent is None and not parent.children:
-            del self._roots[parent.namespace]
+            if self._roots.get(parent.namespace) is parent:
+                del self._roots[parent.namespace]
+            elif parent in self._detached:
+                self._detached.remove(parent)
 
-    # ------------------------------------------------------------------ host tier
-    def attach_host(self, node: Node, pages: PageIds) -> None:
-        """Record that ``node``'s pages now also live in host ``pages``."""
-        assert node.host is None and node.parent is not None
-        assert pages.size * self.page_size == node.key.size, "host pages do not cover the node"
-        node.host = pages
-        self.host_pages += pages.size
-        self.recorder.stored(node, 0, int(pages.size), CPU_PINNED)
-
+    # ------------------------------------------------------------------ for the lower tiers
     def attach_device(self, node: Node, pages: PageIds) -> None:
-        """Record that a host-only ``node`` is back on the device in ``pages``.
+        """Record that a ``node`` without device pages is back on the device
+        in ``pages`` (a load from below finished).
 
         Its parent must be on the device already (load back in path order).
         """
@@ -504,31 +573,14 @@ class RadixTree:
         self._attach_device(node, pages)
         self.recorder.stored(node, 0, int(pages.size), GPU)
 
-    def drop_host(self, node: Node) -> PageIds:
-        """Remove ``node``'s host residency; the node leaves the tree if it is
-        not on the device either (it must then have no children)."""
-        pages = node.host
-        assert pages is not None and not node.busy and node.lock_ref == 0
-        self.recorder.removed(node, CPU_PINNED)
-        node.host = None
-        self.host_pages -= pages.size
-        if node.device is None:
-            self._remove_node(node)
-            parent = node.parent
-            assert parent is not None
-            self._update_candidate(parent)
-        return pages
-
-    def insert_host_leaf(
-        self, namespace: Namespace, parent: Node | None, tokens: TokenArray, host_pages: PageIds
-    ) -> Node | None:
-        """Add a host-only, stored leaf of pages read back from storage.
-
-        ``parent`` None means the namespace root. Returns None, changing
-        nothing, if the parent already has a child for the first page.
+    def add_leaf(self, namespace: Namespace, parent: Node | None, tokens: TokenArray) -> Node | None:
+        """Add a leaf of whole pages ``tokens`` with no device pages under
+        ``parent`` (None: the namespace's root, created if missing). The caller
+        makes it resident below the device at once. Returns None, changing
+        nothing, if ``parent`` already has a child for the first page.
         """
         p = self.page_size
-        assert host_pages.size * p == tokens.size > 0
+        assert tokens.size % p == 0 and tokens.size > 0
         if parent is None:
             parent = self._roots.get(namespace)
             if parent is None:
@@ -539,15 +591,18 @@ class RadixTree:
             return None
         self._tick += 1
         leaf = Node(tokens.copy(), parent, namespace, self._tick)
-        leaf.host = host_pages.copy()
-        leaf.stored = True
         parent.children[first] = leaf
         self.node_count += 1
-        self.host_pages += host_pages.size
-        n = int(host_pages.size)
-        self.recorder.stored(leaf, 0, n, CPU_PINNED)
-        self.recorder.stored(leaf, 0, n, DISK)  # announced to this publisher's consumers
         return leaf
+
+    def remove_leaf(self, node: Node) -> None:
+        """Remove a childless node without device pages whose copy below the
+        device is gone (the lower tiers dropped it)."""
+        assert node.device is None and not node.children and node.lock_ref == 0
+        self._unlink(node)
+        parent = node.parent
+        assert parent is not None
+        self._update_candidate(parent)
 
     def pieces(self, last: Node, pages: int) -> list[Node]:
         """The nodes, in path order, that now hold a run of ``pages`` pages
@@ -566,7 +621,8 @@ class RadixTree:
         return out
 
     def is_attached(self, node: Node) -> bool:
-        """True if ``node`` is still part of the tree."""
+        """True if ``node`` is still part of the tree, under a live (not
+        forgotten) root."""
         parent = node.parent
         if parent is None:
             return self._roots.get(node.namespace) is node
@@ -575,73 +631,59 @@ class RadixTree:
             and self.is_attached(parent)
         )
 
-    def host_candidates(self) -> list[Node]:
-        """Nodes whose host copy may be dropped now, in policy order.
-
-        Unlocked, no job in flight, and either still on the device or without
-        children (so dropping leaves no orphan). O(nodes).
-        """
-        key = self.policy.key
-        found = [
-            n
-            for n in self.nodes()
-            if n.host is not None
-            and n.lock_ref == 0
-            and not n.busy
-            and (n.device is not None or not n.children)
-        ]
-        found.sort(key=key)
-        return found
-
     # ------------------------------------------------------------------ hashes
     def page_keys(self, node: Node) -> bytes:
         """16-byte chained keys of ``node``'s pages, concatenated (cached)."""
-        p = self.page_size
-        chain: list[Node] = []
-        n = node
-        while n.parent is not None and (n.keys is None or len(n.keys) * p < KEY_BYTES * n.key.size):
-            chain.append(n)
-            n = n.parent
-        if n.parent is None and n.keys is None:
-            n.keys = n.namespace.digest()
-        assert n.keys is not None
-        prev = n.keys[-KEY_BYTES:]
-        for m in reversed(chain):
-            # A node extended after its keys were cached has a cached prefix.
-            done = 0 if m.keys is None else len(m.keys) // KEY_BYTES
-            if done:
-                assert m.keys is not None
-                prev = m.keys[-KEY_BYTES:]
-            fresh = chain_keys(prev, m.key[done * p :], p)
-            m.keys = fresh if m.keys is None else m.keys + fresh
-            prev = m.keys[-KEY_BYTES:]
-        assert node.keys is not None
-        return node.keys
+        return self.keys.page_keys(node)
 
     def parent_key(self, node: Node) -> bytes | None:
         """The key of the page before ``node``'s first page, None at a root."""
-        parent = node.parent
-        if parent is None or parent.parent is None:
-            return None
-        return self.page_keys(parent)[-KEY_BYTES:]
+        return self.keys.parent_key(node)
 
     # ------------------------------------------------------------------ bulk
     def forget(self, namespace: Namespace) -> ForgetResult:
-        """Remove every unlocked node of ``namespace``; report what stays.
+        """Remove every node of ``namespace`` that no lock or job holds.
 
-        Locked nodes (and so their ancestors) stay until their requests end.
+        Held nodes (and so their ancestors) stay, under the namespace's root,
+        which is detached: from now on ``match`` and ``insert`` see a fresh,
+        empty namespace, and ``sweep_detached`` removes the held nodes once
+        nothing holds them any more.
         """
-        root = self._roots.get(namespace)
+        root = self._roots.pop(namespace, None)
         if root is None:
-            return ForgetResult(0, 0, 0, EMPTY_PAGES.copy(), EMPTY_PAGES.copy())
+            return ForgetResult(0, 0, EMPTY_PAGES.copy())
         dev: list[PageIds] = []
-        host: list[PageIds] = []
+        pending = self._prune(root, dev)
+        if root.children:
+            self._detached.append(root)
+        d = _concat(dev)
+        return ForgetResult(int(d.size), pending, d)
+
+    def sweep_detached(self) -> PageIds:
+        """Remove what no lock or job holds any more under forgotten roots;
+        returns the device pages released (the caller frees them)."""
+        if not self._detached:
+            return EMPTY_PAGES
+        dev: list[PageIds] = []
+        for root in list(self._detached):
+            self._prune(root, dev)
+            if not root.children:
+                self._detached.remove(root)
+        return _concat(dev)
+
+    @property
+    def detached_count(self) -> int:
+        """Roots of forgotten namespaces that still hold pages."""
+        return len(self._detached)
+
+    def _prune(self, root: Node, dev: list[PageIds]) -> int:
+        """Remove every unheld subtree below ``root``; returns the device pages kept."""
         pending = 0
         stack = [root]
         while stack:
             node = stack.pop()
             for first, child in list(node.children.items()):
-                if child.lock_ref > 0 or self._busy_below(child):
+                if child.lock_ref > 0 or self._held_below(child):
                     if child.device is not None:
                         pending += child.device.size
                     stack.append(child)
@@ -650,16 +692,14 @@ class RadixTree:
                 if child.device is not None:
                     node.device_children -= 1
                 for gone in self._subtree(child):
-                    self._discount(gone, dev, host)
+                    self._discount(gone, dev)
             if node.parent is not None:
                 self._update_candidate(node)  # it may have become a leaf
-        if not root.children:
-            del self._roots[namespace]
-        d, h = _concat(dev), _concat(host)
-        return ForgetResult(int(d.size), int(h.size), pending, d, h)
+        return pending
 
-    def _discount(self, node: Node, dev: list[PageIds], host: list[PageIds]) -> None:
-        """Forget an (unlocked) node's pages in the counters; collect them."""
+    def _discount(self, node: Node, dev: list[PageIds]) -> None:
+        """Forget an (unlocked) node's pages in the counters; collect its
+        device pages; the lower tiers release the rest."""
         self.node_count -= 1
         self._evictable.discard(node)
         if node.device is not None:
@@ -667,10 +707,7 @@ class RadixTree:
             self.device_pages -= node.device.size
             self.evictable_pages -= node.device.size
             dev.append(node.device)
-        if node.host is not None:
-            self.recorder.removed(node, CPU_PINNED)
-            self.host_pages -= node.host.size
-            host.append(node.host)
+        self.lower.discard(node)
 
     def _subtree(self, node: Node) -> Iterator[Node]:
         stack = [node]
@@ -679,27 +716,24 @@ class RadixTree:
             yield n
             stack.extend(n.children.values())
 
-    def reset(self) -> tuple[PageIds, PageIds]:
-        """Drop everything, locks included. Returns (device, host) page ids held."""
+    def reset(self) -> PageIds:
+        """Drop everything, locks included. Returns the device page ids held
+        (the lower tiers clear their own side)."""
         dev: list[PageIds] = []
-        host: list[PageIds] = []
-        for root in self._roots.values():
-            for child in root.children.values():
-                for n in self._subtree(child):
-                    if n.device is not None:
-                        dev.append(n.device)
-                    if n.host is not None:
-                        host.append(n.host)
+        for n in self.nodes():
+            if n.device is not None:
+                dev.append(n.device)
         self._roots.clear()
+        self._detached.clear()
         self._evictable.clear()
         self._heap.clear()
         self.recorder.cleared()
-        self.device_pages = self.evictable_pages = self.host_pages = self.node_count = 0
-        return _concat(dev), _concat(host)
+        self.device_pages = self.evictable_pages = self.node_count = 0
+        return _concat(dev)
 
     def nodes(self) -> Iterator[Node]:
-        """Every non-root node, parents before children."""
-        for root in self._roots.values():
+        """Every non-root node, parents before children (detached ones too)."""
+        for root in [*self._roots.values(), *self._detached]:
             for child in root.children.values():
                 yield from self._subtree(child)
 
@@ -715,7 +749,7 @@ class RadixTree:
         ``locks`` maps each node to the number of ``lock`` calls the caller
         holds on it (``job_locks`` adds those of in-flight jobs); when given,
         every node's ``lock_ref`` must equal its own locks plus its children's
-        ``lock_ref``. (``busy`` counts are not checked here.)
+        ``lock_ref``. (The lower tiers check their own fields.)
         """
         if locks is not None and job_locks:
             merged = dict(locks)
@@ -723,11 +757,11 @@ class RadixTree:
                 merged[node] = merged.get(node, 0) + n
             locks = merged
         p = self.page_size
-        device_pages = evictable = host_pages = count = 0
+        device_pages = evictable = count = 0
         seen_device: list[PageIds] = []
-        seen_host: list[PageIds] = []
         candidates: set[Node] = set()
-        for ns, root in self._roots.items():
+        roots = [*self._roots.items(), *((root.namespace, root) for root in self._detached)]
+        for ns, root in roots:
             assert root.parent is None and root.namespace == ns and root.key.size == 0
             assert root.children, f"empty root kept for {ns!r}"
             stack = [root]
@@ -754,7 +788,9 @@ class RadixTree:
                 count += 1
                 size = node.key.size
                 assert size > 0 and size % p == 0, f"{node!r}: key length {size} not whole pages"
-                assert node.device is not None or node.host is not None, f"{node!r}: no residency"
+                assert node.device is not None or self.lower.resident(node), (
+                    f"{node!r}: no residency"
+                )
                 if node.device is not None:
                     assert node.device.size * p == size, f"{node!r}: device pages do not cover it"
                     assert node.parent.parent is None or node.parent.device is not None, (
@@ -766,10 +802,6 @@ class RadixTree:
                         if dev_children == 0:
                             candidates.add(node)
                     seen_device.append(node.device)
-                if node.host is not None:
-                    assert node.host.size * p == size, f"{node!r}: host pages do not cover it"
-                    host_pages += node.host.size
-                    seen_host.append(node.host)
                 if node.keys is not None:
                     assert len(node.keys) % KEY_BYTES == 0, f"{node!r}: ragged page keys"
                     assert len(node.keys) <= KEY_BYTES * (size // p), f"{node!r}: stale page keys"
@@ -778,18 +810,12 @@ class RadixTree:
         assert evictable == self.evictable_pages, (
             f"evictable_pages {self.evictable_pages} != {evictable}"
         )
-        assert host_pages == self.host_pages, f"host_pages {self.host_pages} != {host_pages}"
         assert candidates == self._evictable, "eviction candidate set is out of date"
-        live = {e[-1] for e in self._heap if isinstance(e[-1], Node) and e[-2] == e[-1].heap_seq}
-        assert self._evictable <= live, "an eviction candidate has no live heap entry"
-        for name, seen in (("device", seen_device), ("host", seen_host)):
-            ids = _concat(seen)
-            assert np.unique(ids).size == ids.size, f"a {name} page is owned by two nodes"
+        live_heap = {e[-1] for e in self._heap if isinstance(e[-1], Node) and e[-2] == e[-1].heap_seq}
+        assert self._evictable <= live_heap, "an eviction candidate has no live heap entry"
+        ids = _concat(seen_device)
+        assert np.unique(ids).size == ids.size, "a device page is owned by two nodes"
 
     def device_page_ids(self) -> PageIds:
         """Every device page id the tree holds (O(nodes); for checks)."""
         return _concat([n.device for n in self.nodes() if n.device is not None])
-
-    def host_page_ids(self) -> PageIds:
-        """Every host page id the tree holds (O(nodes); for checks)."""
-        return _concat([n.host for n in self.nodes() if n.host is not None])

@@ -45,11 +45,14 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = RadixCache(CacheConfig(spec=spec, device_pages=POOL))
         self.ref: set[Prefix] = set()  # reference model: cached page prefixes
         self.ns_of: dict[int, int] = {}  # rid -> namespace index
+        self.stale: set[int] = set()  # rids whose cached prefix was forgotten: nothing more is cached
 
     # -------------------------------------------------------------- helpers
     def tree_prefixes(self) -> set[Prefix]:
         out: set[Prefix] = set()
         for node in self.cache.tree.nodes():
+            if not self.cache.tree.is_attached(node):
+                continue  # a forgotten namespace's page still held: never matched
             parts = []
             n = node
             while n.parent is not None:
@@ -129,6 +132,8 @@ class CacheMachine(RuleBasedStateMachine):
         k_flat[slots] = torch.tensor(values, dtype=torch.float64).view(-1, 1, 1)
         self.cache.commit(req, n)
         full = req.num_computed // P
+        if req.rid in self.stale:
+            return
         for end in range(P, full * P + 1, P):
             self.ref.add((ns, tuple(toks[:end].tolist())))
 
@@ -154,9 +159,11 @@ class CacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ref))
     @rule(ns=st.integers(0, len(NAMESPACES) - 1))
     def forget(self, ns: int) -> None:
-        locked = self.locked_prefixes()
         self.cache.forget_namespace(NAMESPACES[ns])
-        self.ref = {p for p in self.ref if p[0] != ns or p in locked}
+        self.stale |= {
+            r.rid for r in self.cache.live_requests if self.ns_of[r.rid] == ns and r.shared_pages
+        }
+        self.ref = {p for p in self.ref if p[0] != ns}  # nothing of it is served any more
         assert self.tree_prefixes() == self.ref
 
     # -------------------------------------------------------------- checks

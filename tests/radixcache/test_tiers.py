@@ -265,13 +265,27 @@ def test_corrupt_record_is_a_miss_and_is_recomputed(tmp_path: Path, offset: int)
     second.close()
 
 
-def test_unwritable_storage_directory_fails_clearly(tmp_path: Path) -> None:
+def test_unwritable_storage_directory_disables_the_tier_or_fails_clearly_in_strict_mode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from radixcache.offload.storage import StorageOpenError
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(StorageOpenError, match="file"):
-        make_tiered(storage=blocker / "store")
+        make_tiered(storage=blocker / "store", on_open_error="strict")
+    caplog.clear()
+    cache = make_tiered(storage=blocker / "store")  # the engine comes up without storage
+    stats = cache.tier_stats()
+    assert stats is not None and stats.storage_state == "disabled" and stats.storage is None
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "storage tier disabled" in warnings[0].getMessage()
+    req = prefill(cache, seq(0, 9))
+    cache.release(req)
+    cache.drain()
+    assert residency(cache) == [(8, True, True, False)]
+    cache.check_integrity()
+    cache.close()
 
 
 def _two_chats() -> tuple[np.ndarray, np.ndarray]:

@@ -184,9 +184,11 @@ def test_forget_namespace_keeps_locked(tree: RadixTree) -> None:
     assert sorted(res.device_page_ids.tolist()) == [3, 4]
     assert res.pending_pages == 2  # [1, 2] stay until unlocked
     tree.check_integrity({r.last_node: 1})
+    assert tree.match(a, seq(0, 8)).device_len == 0  # detached: never matched again
+    assert tree.sweep_detached().size == 0  # still locked
     tree.unlock(r.last_node)
-    res = tree.forget(a)
-    assert sorted(res.device_page_ids.tolist()) == [1, 2] and res.pending_pages == 0
+    assert sorted(tree.sweep_detached().tolist()) == [1, 2]
+    assert tree.detached_count == 0
     assert tree.namespaces() == [NS]
     assert tree.match(NS, seq(0, 8)).device_pages.tolist() == [5, 6]
     tree.check_integrity()

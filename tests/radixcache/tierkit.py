@@ -25,13 +25,17 @@ def make_tiered(
     prefetch: str = "wait_complete",
     storage: Path | None = None,
     threshold: int = 2,
+    on_open_error: str = "recover",
 ) -> RadixCache:
+    store = None
+    if storage is not None:
+        store = StorageConfig(path=storage, capacity_bytes=1 << 20, on_open_error=on_open_error)
     tiers = TierConfig(
         host=HostPoolConfig(pages=host_pages),
         write_policy=write_policy,
         write_threshold=threshold,
         prefetch_policy=prefetch,
-        storage=None if storage is None else StorageConfig(path=storage, capacity_bytes=1 << 20),
+        storage=store,
         model_id="test-model",
     )
     return RadixCache(CacheConfig(spec=SPEC, device_pages=device_pages, tiers=tiers))
@@ -86,3 +90,109 @@ def residency(cache: RadixCache) -> list[tuple[int, bool, bool, bool]]:
         (int(n.key.size), n.device is not None, n.host is not None, n.stored)
         for n in cache.tree.nodes()
     )
+
+
+def seq(start: int, n: int) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.int32)
+
+
+class GatedStorage:
+    """A real storage backend whose reads (and, with ``gate_puts``, writes)
+    wait for ``gate`` before they start: a test holds a fetch or a store in
+    flight deterministically, and may change the store meanwhile. Everything
+    else goes straight to the backend."""
+
+    def __init__(self, inner: object, gate_puts: bool = False) -> None:
+        import threading
+
+        self.inner = inner
+        self.gate = threading.Event()
+        self.gate_puts = gate_puts
+
+    def _later(self, start: object) -> object:
+        import threading
+
+        from radixcache.transfer import FutureTicket
+
+        ticket = FutureTicket()
+
+        def run() -> None:
+            self.gate.wait(30)
+            try:
+                inner = start()  # type: ignore[operator]
+                inner.wait()
+                if inner.error is not None:
+                    ticket.fail(inner.error)
+                else:
+                    ticket.finish(inner.result())
+            except BaseException as exc:  # noqa: BLE001 - handed to the ticket
+                ticket.fail(exc)
+
+        threading.Thread(target=run, daemon=True).start()
+        return ticket
+
+    def get(self, *args: object, **kwargs: object) -> object:
+        return self._later(lambda: self.inner.get(*args, **kwargs))  # type: ignore[attr-defined]
+
+    def put(self, *args: object, **kwargs: object) -> object:
+        if not self.gate_puts:
+            return self.inner.put(*args, **kwargs)  # type: ignore[attr-defined]
+        return self._later(lambda: self.inner.put(*args, **kwargs))  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def gate_storage(cache: RadixCache, gate_puts: bool = False) -> GatedStorage:
+    """Put a ``GatedStorage`` in front of ``cache``'s storage tier."""
+    controller = cache.tiers.controller  # type: ignore[attr-defined]
+    gated = GatedStorage(controller.storage, gate_puts)
+    controller.storage = gated
+    return gated
+
+
+def gate_copies(cache: RadixCache) -> object:
+    """Replace ``cache``'s copy engine by the CPU engine whose copies wait for
+    the returned event (its ``before_copy`` seam)."""
+    import threading
+
+    from radixcache.transfer.engine import CpuCopyEngine
+
+    gate = threading.Event()
+    controller = cache.tiers.controller  # type: ignore[attr-defined]
+    controller.copy.close()
+    assert cache.kv is not None
+    controller.copy = CpuCopyEngine(
+        cache.kv, controller.host.buffer, before_copy=lambda request: gate.wait(30)
+    )
+    return gate
+
+
+def page_record_keys(cache: RadixCache, tokens: np.ndarray) -> list[bytes]:
+    """The storage page keys of the cached pages of ``tokens`` (default namespace)."""
+    from radixcache.hashing import split_keys
+
+    match = cache.tree.match(Namespace(), tokens)
+    nodes = []
+    node = match.last_device_node
+    while node is not None and node.parent is not None:
+        nodes.append(node)
+        node = node.parent
+    return split_keys(b"".join(cache.tree.page_keys(n) for n in reversed(nodes)))
+
+
+def rewrite_record(path: Path, page_key: bytes, change: object) -> None:
+    """Replace the stored value of the record whose key ends with ``page_key``
+    by ``change(value)``, with a raw LMDB write (the store must be closed)."""
+    import lmdb
+
+    env = lmdb.open(str(path), max_dbs=3)
+    try:
+        db = env.open_db(b"pages")
+        with env.begin(write=True, db=db) as txn:
+            hits = [bytes(k) for k, _ in txn.cursor() if bytes(k).endswith(page_key)]
+            assert len(hits) == 1, f"{len(hits)} records end with the page key"
+            value = txn.get(hits[0])
+            txn.put(hits[0], change(bytes(value)))  # type: ignore[operator]
+    finally:
+        env.close()

@@ -1,0 +1,91 @@
+"""Configuration, counters and the stats snapshot of the tiers below the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixcache.offload.host import HostPoolConfig
+from radixcache.offload.lmdb_open import StorageOpening, open_lmdb_storage
+from radixcache.offload.lmdb_storage import StorageConfig
+from radixcache.offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
+from radixcache.offload.storage import ModelFingerprint, NullStorage, StorageStats
+from radixcache.transfer import KVSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """Host and storage tiers (names follow HiCache's where they exist)."""
+
+    host: HostPoolConfig = field(default_factory=lambda: HostPoolConfig(ratio=2.0))
+    write_policy: str = "write_through"  # write_through, write_through_selective, write_back
+    write_threshold: int = 2  # hits before write_through_selective backs a node up
+    prefetch_policy: str = "best_effort"  # best_effort, wait_complete, timeout
+    prefetch_base_s: float = 0.002  # timeout policy: fixed wait per request
+    prefetch_per_token_s: float = 2e-7  # timeout policy: extra wait per token in flight
+    storage: StorageConfig | None = None  # None: no storage tier
+    model_id: str = "radixcache-model"  # part of the storage fingerprint
+    tp_rank: int = 0  # part of the storage fingerprint
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, HostPoolConfig):
+            raise TypeError(f"host must be a HostPoolConfig, got {type(self.host).__name__}")
+        if self.storage is not None and not isinstance(self.storage, StorageConfig):
+            raise TypeError(f"storage must be a StorageConfig, got {type(self.storage).__name__}")
+        self.write()
+        self.prefetch()
+
+    def write(self) -> WritePolicy:
+        """The configured write policy object (validates the name)."""
+        if self.write_policy == "write_through_selective":
+            return make_write_policy(self.write_policy, threshold=self.write_threshold)
+        return make_write_policy(self.write_policy)
+
+    def prefetch(self) -> PrefetchPolicy:
+        """The configured prefetch policy object (validates the name)."""
+        if self.prefetch_policy == "timeout":
+            return make_prefetch_policy(
+                "timeout", base_s=self.prefetch_base_s, per_token_s=self.prefetch_per_token_s
+            )
+        return make_prefetch_policy(self.prefetch_policy)
+
+
+@dataclass(slots=True)
+class TierCounters:
+    host_hit_tokens: int = 0  # prompt tokens found in host memory at admission
+    storage_hit_tokens: int = 0  # prompt tokens found in storage at admission
+    loaded_tokens: int = 0  # of those, loaded back in time for their request
+    abandoned_tokens: int = 0  # given up (not in time, or failed): recomputed
+    backups_skipped: int = 0  # backups not made: no host page could be freed
+    host_evicted_pages: int = 0  # host pages dropped to make room
+    failed_jobs: int = 0  # copies or storage operations that failed
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """A snapshot of the tiers below the device."""
+
+    host_pages: int  # host pool capacity
+    host_free_pages: int  # free host pages
+    host_cached_pages: int  # host pages held by the tree
+    host_hit_tokens: int  # prompt tokens found in host memory at admission
+    storage_hit_tokens: int  # prompt tokens found in storage at admission
+    loaded_tokens: int  # of those, loaded back in time for their request
+    abandoned_tokens: int  # given up or failed: recomputed
+    backups_skipped: int  # backups not made for lack of host room
+    host_evicted_pages: int  # host pages dropped to make room
+    failed_jobs: int  # copies or storage operations that failed
+    in_flight: int  # jobs in flight now
+    pages_moved: dict[str, int]  # per direction (device_to_host, host_to_device, ...)
+    bytes_moved: dict[str, int]  # per direction
+    bytes_per_second: dict[str, float]  # per direction, over job latency
+    storage: StorageStats | None  # the storage backend's counters, None without one
+    storage_state: str  # "opened", "recovered" (damaged store moved aside) or "disabled"
+
+
+def open_storage(config: TierConfig, spec: KVSpec) -> StorageOpening:
+    """The storage tier ``config`` asks for: LMDB (recovered or disabled when
+    it cannot be opened, see offload/lmdb_open.py), or ``NullStorage``."""
+    if config.storage is None:
+        return StorageOpening(NullStorage(), "disabled")
+    fingerprint = ModelFingerprint(config.model_id, spec.describe(), config.tp_rank)
+    return open_lmdb_storage(config.storage, spec, fingerprint)
