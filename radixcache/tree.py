@@ -448,8 +448,9 @@ class RadixTree:
         becomes a candidate. Eviction is page-granular where it can be: of
         the last victim, only the tail pages still wanted are dropped when it
         is a plain device leaf (see ``_tail_victim``); otherwise whole nodes
-        go, and more pages than asked may come back. ``before_drop(node)`` runs first for each victim (the
-        tiers back it up there when their policy says so). A victim keeps its
+        go, and more pages than asked may come back. ``before_drop(node)``
+        runs first for each victim (the tiers back it up there when their
+        policy says so). A victim keeps its
         place in the tree if it is resident below the device; otherwise it is
         removed, with its descendants (the lower tiers are told through
         ``discard``). Returns the released device page ids (the caller frees
@@ -489,8 +490,8 @@ class RadixTree:
     def _tail_victim(self, node: Node, short: int) -> Node:
         """The part of candidate ``node`` to evict when ``short`` pages are
         still wanted: ``node`` itself, or, when it holds more than that and is
-        a plain device leaf (no children, no host copy, no job in flight), its
-        last ``short`` pages, cut off by a split.
+        a plain device leaf (no children, nothing below the device refers to
+        it: no copy, no job), its last ``short`` pages, cut off by a split.
 
         Page-granular eviction: a request for n pages frees about n pages
         instead of a whole multi-page leaf. The head keeps the leaf's policy
@@ -500,7 +501,7 @@ class RadixTree:
         """
         assert node.device is not None
         have = int(node.device.size)
-        if short >= have or node.children or node.host is not None or node.busy:
+        if short >= have or node.children or not self.lower.bare(node):
             return node
         self._split(node, have - short)  # ``node`` keeps its identity: now the tail
         return node

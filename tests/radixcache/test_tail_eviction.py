@@ -6,8 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
+import torch
+
 from radixcache import DEFAULT_NAMESPACE as NS
-from radixcache import RadixTree
+from radixcache import RadixTree, make_eviction_policy
+from radixcache.host_index import HostIndex
+from radixcache.offload.host import HostPool, HostPoolConfig
+from radixcache.recorder import NullRecorder
+from radixcache.transfer import KVSpec
 from radixcache.cli.replay import ReplayConfig, load_trace, replay
 from radixcache.events.types import BlockRemoved, BlockStored
 from radixcache.recorder import EventRecorder
@@ -52,9 +58,15 @@ def test_locked_head_is_kept_and_shared_pages_wait(tree: RadixTree) -> None:
     tree.check_integrity({r.last_node: 1})
 
 
-def test_a_leaf_with_a_host_copy_goes_whole(tree: RadixTree) -> None:
+def test_a_leaf_with_a_host_copy_goes_whole() -> None:
+    spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=P)
+    pool = HostPool(spec, HostPoolConfig(pages=8, pin=False))
+    index = HostIndex(pool, NullRecorder(), P)
+    tree = RadixTree(P, make_eviction_policy("lru"), lower=index)
     res = tree.insert(NS, seq(0, 4 * P), pages(1, 2, 3, 4))
-    tree.attach_host(res.last_node, pages(20, 21, 22, 23))
+    host = pool.allocate(4)
+    assert host is not None
+    index.attach(res.last_node, host)
     assert tree.evict(1).device_pages.tolist() == [1, 2, 3, 4]  # device drop, node stays on host
     m = tree.match(NS, seq(0, 4 * P))
     assert m.device_len == 0 and m.host_len == 4 * P
