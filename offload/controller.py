@@ -11,6 +11,7 @@ and the storage backend run themselves.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import time
 from collections.abc import Sequence
@@ -62,6 +63,28 @@ class Job:
         return int(self.host_pages.size)
 
 
+# Upper bounds (seconds) of the job-latency buckets; a last bucket takes the rest.
+LATENCY_BOUNDS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(slots=True)
+class LatencyHistogram:
+    """Latencies of succeeded jobs (submission to harvest) in fixed buckets:
+    ``counts[i]`` jobs took at most ``LATENCY_BOUNDS_S[i]`` and more than the
+    bound before it; ``counts[-1]`` took longer than the last bound."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_S) + 1))
+    total_s: float = 0.0  # summed latency
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BOUNDS_S, seconds)] += 1
+        self.total_s += seconds
+
+    def copy(self) -> LatencyHistogram:
+        return LatencyHistogram(list(self.counts), self.total_s)
+
+
 @dataclass(slots=True)
 class TransferCounters:
     """Pages and bytes moved per direction, failures, busy time."""
@@ -70,6 +93,9 @@ class TransferCounters:
     bytes: dict[JobKind, int] = field(default_factory=lambda: dict.fromkeys(JobKind, 0))
     seconds: dict[JobKind, float] = field(default_factory=lambda: dict.fromkeys(JobKind, 0.0))
     failed: dict[JobKind, int] = field(default_factory=lambda: dict.fromkeys(JobKind, 0))
+    latency: dict[JobKind, LatencyHistogram] = field(
+        default_factory=lambda: {k: LatencyHistogram() for k in JobKind}
+    )
 
     def bytes_per_second(self, kind: JobKind) -> float:
         """Bytes moved per second of job latency (submission to harvest)."""
@@ -107,7 +133,9 @@ class OffloadController:
         n = int(host_pages.size)
         c.pages[JobKind.BACKUP] += n
         c.bytes[JobKind.BACKUP] += n * self.page_bytes
-        c.seconds[JobKind.BACKUP] += time.perf_counter() - submitted
+        elapsed = time.perf_counter() - submitted
+        c.seconds[JobKind.BACKUP] += elapsed
+        c.latency[JobKind.BACKUP].observe(elapsed)
         return True
 
     def load(self, host_pages: PageIds, device_pages: PageIds, owner: JobOwner) -> Job:
@@ -167,6 +195,7 @@ class OffloadController:
                 c.pages[job.kind] += pages
                 c.bytes[job.kind] += pages * self.page_bytes
                 c.seconds[job.kind] += now - job.submitted
+                c.latency[job.kind].observe(now - job.submitted)
         return done
 
     def wait(self, job: Job, timeout: float | None = None) -> bool:

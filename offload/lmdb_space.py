@@ -12,7 +12,8 @@ it creates sparse, at the map's full size. Two limits follow:
   full disk, raises SIGBUS in the writing thread, which kills the process.
   ``disk_room`` says how much a transaction may write without that risk:
   the disk's free space plus the pages LMDB will reuse from its free list
-  (those already have blocks), less a reserve for B-tree and free-list pages.
+  (those already have blocks), less a reserve of free disk (``DiskReserve``)
+  left for LMDB's own B-tree and free-list pages and for other writers.
   ``preallocate`` then gives the file's next pages their blocks up front
   (``posix_fallocate``): a full disk fails there, cleanly, with ENOSPC, and
   LMDB's page faults on those pages find blocks ready (about 30% faster
@@ -31,8 +32,35 @@ import lmdb
 
 log = logging.getLogger(__name__)
 
-DISK_RESERVE_BYTES = 64 << 20  # kept free for LMDB's own pages and other writers
+DISK_RESERVE_MAX_BYTES = 64 << 20  # the proportional reserve's ceiling
 _META_PAGES = 2  # LMDB's two meta pages
+
+
+class DiskReserve:
+    """Free disk a store leaves alone (``StorageConfig.disk_reserve_bytes``
+    and ``disk_reserve_ratio``).
+
+    By default it is proportional: ``ratio`` of the file system's size, at
+    most 64 MiB (1% of a 100 MiB file system is 1 MiB; a large disk keeps
+    64 MiB). ``fixed`` bytes replace that when given. Re-read from the file
+    system on every call, so it follows a resized volume.
+    """
+
+    def __init__(self, fixed: int | None = None, ratio: float = 0.01) -> None:
+        self.fixed = fixed
+        self.ratio = ratio
+
+    def bytes(self, path: str) -> int:
+        """The reserve, in bytes, on the file system holding ``path``."""
+        if self.fixed is not None:
+            return self.fixed
+        st = os.statvfs(path)
+        return min(DISK_RESERVE_MAX_BYTES, int(st.f_blocks * st.f_frsize * self.ratio))
+
+    def describe(self) -> str:
+        if self.fixed is not None:
+            return f"disk_reserve_bytes={self.fixed}"
+        return f"disk_reserve_ratio={self.ratio:g} of the file system, at most 64 MiB"
 
 
 class MapGate:
@@ -88,9 +116,12 @@ def grow_map(env: lmdb.Environment, gate: MapGate) -> int:
     return new
 
 
-def disk_room(env: lmdb.Environment, path: str, dbs: Sequence[lmdb._Database]) -> int:
+def disk_room(
+    env: lmdb.Environment, path: str, dbs: Sequence[lmdb._Database], reserve: int
+) -> int:
     """Bytes the next write transaction may add without touching a page that
-    has no disk block, on the disk as it is now (may be negative)."""
+    has no disk block, on the disk as it is now, keeping ``reserve`` bytes of
+    it free (may be negative)."""
     st = os.statvfs(path)
     free = st.f_bavail * st.f_frsize
     main = env.stat()
@@ -101,7 +132,7 @@ def disk_room(env: lmdb.Environment, path: str, dbs: Sequence[lmdb._Database]) -
             used += st_db["branch_pages"] + st_db["leaf_pages"] + st_db["overflow_pages"]
     # pages below the high-water mark that no database uses: LMDB's free list
     reusable = max(0, env.info()["last_pgno"] + 1 - used) * main["psize"]
-    return free + reusable - DISK_RESERVE_BYTES
+    return free + reusable - reserve
 
 
 def preallocate(fd: int, env: lmdb.Environment, nbytes: int) -> None:

@@ -68,7 +68,7 @@ import numpy as np
 from radixcache.offload import record as rec
 from radixcache.offload.lmdb_index import RecencyIndex
 from radixcache.offload.lmdb_reader import LmdbReader
-from radixcache.offload.lmdb_space import MapGate, grow_map
+from radixcache.offload.lmdb_space import DiskReserve, MapGate, grow_map
 from radixcache.offload.lmdb_writer import DeleteJob, ForgetJob, LmdbWriter, PutJob
 from radixcache.offload.record import RecordMeta
 from radixcache.offload.storage import (
@@ -221,6 +221,7 @@ class LmdbStorage:
                 1, min(config.max_batch_pages, config.max_batch_bytes // self._record_size)
             ),
             next_seq=next_seq,
+            disk_reserve=DiskReserve(config.disk_reserve_bytes, config.disk_reserve_ratio),
         )
         self._reader = LmdbReader(
             env=self._env,

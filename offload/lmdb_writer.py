@@ -34,7 +34,8 @@ import lmdb
 
 from radixcache.offload import record as rec
 from radixcache.offload.lmdb_index import RecencyIndex
-from radixcache.offload.lmdb_space import MapGate, disk_room, grow_map, preallocate
+from radixcache.offload.lmdb_space import DiskReserve, MapGate, disk_room, grow_map, preallocate
+from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.offload.storage import (
     Counters,
     HostPages,
@@ -124,8 +125,11 @@ class LmdbWriter:
         capacity_bytes: int,
         batch_pages: int,
         next_seq: int,
+        disk_reserve: DiskReserve | None = None,
     ) -> None:
         self._env = env
+        self._reserve = DiskReserve() if disk_reserve is None else disk_reserve
+        self._warn = RateLimitedLog(log)  # failed batches repeat under load
         self._path = path  # the environment's directory (for disk-space checks)
         self._pages = pages  # record key -> record
         self._ns = ns  # namespace tag -> record keys (dupsort)
@@ -201,7 +205,7 @@ class LmdbWriter:
             )
             if error is not exc:
                 error.__cause__ = exc
-            log.warning("storage write of %d jobs failed: %s", len(batch), error)
+            self._warn.warning("storage write of %d jobs failed: %s", len(batch), error)
             failed = 0
             for job in batch:
                 if job.ticket is not None and not job.ticket.done():
@@ -257,16 +261,22 @@ class LmdbWriter:
         incoming = self._incoming(batch)
         if not incoming:
             return
-        room = disk_room(self._env, self._path, self._dbs) - self._last_freed
+        reserve = self._reserve.bytes(self._path)
+        room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
         evicted = 0
         short = incoming - room
         if short > 0 and sum(size for _k, size in self._index.oldest(short, keep)) >= short:
             evicted = self._evict_for_room(short, keep)
-            room = disk_room(self._env, self._path, self._dbs) - self._last_freed
+            room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
+        if room < incoming and self._last_freed:
+            # Pages the last commit freed become reusable after one more commit.
+            self._publish(self._write_growing(self._tick), [])
+            room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
         if room < incoming:
             raise StorageError(
                 f"the disk of {self._path!r} is nearly full: room for {max(room, 0)} B of "
-                f"{incoming} B to write, after evicting {evicted} records"
+                f"{incoming} B to write, after evicting {evicted} records; {reserve} B of "
+                f"free disk are kept in reserve ({self._reserve.describe()})"
             )
         try:
             preallocate(self._data_fd, self._env, incoming)

@@ -98,6 +98,11 @@ _WRITE: dict[str, Callable[..., WritePolicy]] = {
 }
 
 
+def write_policy_names() -> list[str]:
+    """The registered write policies, sorted (e.g. for a command line's choices)."""
+    return sorted(_WRITE)
+
+
 def make_write_policy(name: str, **options: int) -> WritePolicy:
     """A write policy by name; options go to its constructor (e.g. ``threshold``)."""
     try:
@@ -158,6 +163,11 @@ _PREFETCH: dict[str, Callable[..., PrefetchPolicy]] = {
     "wait_complete": WaitComplete,
     "timeout": Timeout,
 }
+
+
+def prefetch_policy_names() -> list[str]:
+    """The registered prefetch policies, sorted (e.g. for a command line's choices)."""
+    return sorted(_PREFETCH)
 
 
 def make_prefetch_policy(name: str, **options: float) -> PrefetchPolicy:

@@ -448,7 +448,10 @@ class RadixCache:
             assert req.num_pages * self.page_size >= req.reserved_tokens >= req.num_computed
             assert req.shared_pages * self.page_size <= max(req.num_computed, req.cached_len)
             private.append(table[req.shared_pages :])
-            if req.shared_pages:
+            # Shared pages before the first pending load are locked in the tree
+            # (those from it on are covered by the jobs filling them).
+            covered = req.pending[0].start_page if req.pending else req.shared_pages
+            if covered:
                 assert req.locked_node is not None, f"{req!r} shares pages without a lock"
         self.tree.check_integrity(locks, self.tiers.job_locks())
         self.pool.check_integrity()

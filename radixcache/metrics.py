@@ -9,20 +9,61 @@ snapshot, so it never touches the cache, which belongs to the owner thread.
     exporter.serve(9400)            # http://127.0.0.1:9400/metrics
     ... every step: exporter.update()
 
+Besides our page-level series, the names a vLLM or SGLang dashboard already
+queries (in tokens): ``prefix_cache_queries`` / ``prefix_cache_hits``
+(vLLM; our hits count every tier, the device alone is
+``cached_tokens{cache_source="device"}``, which is what vLLM's count means),
+``cached_tokens{cache_source=device|host|storage}`` (SGLang),
+``evicted_tokens{tier}``, ``loaded_back_tokens``, and ``_seconds``
+histograms of tier jobs: ``load_back_seconds`` (host to device),
+``storage_read_seconds``, ``storage_write_seconds``, ``backup_seconds``
+(device to host), each from a job's submission until the owner applied it.
+
 For those who do not run Prometheus, ``snapshot()`` returns the same figures
-as a flat dict.
+as a flat dict (a histogram as its ``_count`` and ``_sum``).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from radixcache.events.publisher import EventPublisher
 from radixcache.cache import RadixCache
+from radixcache.events.publisher import EventPublisher
+from radixcache.offload.controller import LATENCY_BOUNDS_S, LatencyHistogram
 
-Sample = tuple[str, str, str, dict[str, str], float]  # name, kind, help, labels, value
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A histogram sample: cumulative counts per upper bound, and the sum."""
+
+    buckets: tuple[tuple[float, int], ...]  # (upper bound in seconds, jobs <= it); +inf last
+    total: float  # summed seconds
+
+    @property
+    def count(self) -> int:
+        return self.buckets[-1][1]
+
+    @staticmethod
+    def of(h: LatencyHistogram) -> Histogram:
+        running, out = 0, []
+        for bound, n in zip((*LATENCY_BOUNDS_S, float("inf")), h.counts):
+            running += n
+            out.append((bound, running))
+        return Histogram(tuple(out), h.total_s)
+
+
+Sample = tuple[str, str, str, dict[str, str], float | Histogram]  # name, kind, help, labels, value
+
+# Histogram series per tier-job direction (TierStats.job_latency keys).
+JOB_SECONDS = {
+    "host_to_device": ("load_back_seconds", "Seconds to load pages back from host to device"),
+    "storage_to_host": ("storage_read_seconds", "Seconds to read pages from storage into host"),
+    "host_to_storage": ("storage_write_seconds", "Seconds to write pages from host to storage"),
+    "device_to_host": ("backup_seconds", "Seconds to copy pages from device to host"),
+}
 
 
 def collect(cache: RadixCache, publisher: EventPublisher | None = None) -> list[Sample]:
@@ -83,6 +124,7 @@ def collect(cache: RadixCache, publisher: EventPublisher | None = None) -> list[
                 ("storage_failed_ops", "counter", "Storage operations that failed", {},
                  st.failed_ops),
             ]
+    out += token_series(cache)
     if publisher is not None:
         p = publisher.stats()
         out += [
@@ -92,12 +134,55 @@ def collect(cache: RadixCache, publisher: EventPublisher | None = None) -> list[
     return out
 
 
+def token_series(cache: RadixCache) -> list[Sample]:
+    """The series vLLM and SGLang dashboards use, in tokens, and job-latency
+    histograms. Owner thread only."""
+    s = cache.stats()
+    t = cache.tier_stats()
+    page = cache.spec.page_size
+    host_hits = t.host_hit_tokens if t is not None else 0
+    storage_hits = t.storage_hit_tokens if t is not None else 0
+    cached = "Prompt tokens found cached at admission, per source"
+    evicted = "Tokens evicted, per tier (pages x page size)"
+    out: list[Sample] = [
+        ("prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache", {},
+         s.prompt_tokens),
+        ("prefix_cache_hits", "counter", "Prompt tokens found in any tier of the prefix cache",
+         {}, s.hit_tokens + host_hits + storage_hits),
+        ("cached_tokens", "counter", cached, {"cache_source": "device"}, s.hit_tokens),
+        ("cached_tokens", "counter", cached, {"cache_source": "host"}, host_hits),
+        ("cached_tokens", "counter", cached, {"cache_source": "storage"}, storage_hits),
+        ("evicted_tokens", "counter", evicted, {"tier": "device"}, s.evicted_pages * page),
+    ]
+    if t is None:
+        return out
+    out += [
+        ("evicted_tokens", "counter", evicted, {"tier": "host"}, t.host_evicted_pages * page),
+        ("loaded_back_tokens", "counter", "Host or storage hits loaded back onto the device "
+         "in time for their request", {}, t.loaded_tokens),
+    ]
+    if t.storage is not None:
+        out.append(("evicted_tokens", "counter", evicted, {"tier": "storage"},
+                    t.storage.evicted * page))
+    for direction, (name, text) in JOB_SECONDS.items():
+        h = t.job_latency.get(direction)
+        if h is not None:
+            out.append((name, "histogram", text, {}, Histogram.of(h)))
+    return out
+
+
 def snapshot(cache: RadixCache, publisher: EventPublisher | None = None) -> dict[str, float]:
-    """The metrics as a flat dict: ``name{label=value}`` -> value."""
+    """The metrics as a flat dict: ``name{label=value}`` -> value; a histogram
+    as ``name_count`` and ``name_sum``."""
     flat: dict[str, float] = {}
     for name, _kind, _help, labels, value in collect(cache, publisher):
         tag = ",".join(f"{k}={v}" for k, v in labels.items())
-        flat[f"{name}{{{tag}}}" if tag else name] = float(value)
+        suffix = f"{{{tag}}}" if tag else ""
+        if isinstance(value, Histogram):
+            flat[f"{name}_count{suffix}"] = float(value.count)
+            flat[f"{name}_sum{suffix}"] = value.total
+        else:
+            flat[f"{name}{suffix}"] = float(value)
     return flat
 
 
@@ -134,7 +219,11 @@ class MetricsExporter:
 
     def collect(self) -> Iterator[Any]:
         """The prometheus-client collector hook (runs on the scraping thread)."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         with self._lock:
             samples = list(self._samples)
@@ -145,9 +234,16 @@ class MetricsExporter:
             family = families.get(full)
             if family is None:
                 label_names = sorted(labels)
-                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
+                       "histogram": HistogramMetricFamily}[kind]
                 family = families[full] = cls(full, helps.get(name, name), labels=label_names)
-            family.add_metric([labels[k] for k in sorted(labels)], float(value))
+            label_values = [labels[k] for k in sorted(labels)]
+            if isinstance(value, Histogram):
+                buckets = [("+Inf" if b == float("inf") else repr(b), float(n))
+                           for b, n in value.buckets]
+                family.add_metric(label_values, buckets, value.total)
+            else:
+                family.add_metric(label_values, float(value))
         yield from families.values()
 
     def render(self) -> bytes:

@@ -170,6 +170,11 @@ class Request:
         self.reserved_tokens = self.num_pages * page_size
         self.pending.append(job)
 
+    def found_below(self, host: int = 0, storage: int = 0) -> None:
+        """Prompt tokens found in host memory / storage at admission."""
+        self.hit_host += host
+        self.hit_storage += storage
+
     def loaded(self, job: PendingLoad) -> None:
         """``job``'s pages arrived."""
         self.pending.remove(job)
@@ -223,15 +228,10 @@ class Request:
 
     def may_insert(self, forgets: int) -> bool:
         """Whether this request's pages may join the tree, its namespace having
-        been forgotten ``forgets`` times so far: not while its cached prefix
-        belongs to a forgotten incarnation of the namespace (with nothing
-        cached yet, it starts over in the new one)."""
-        if forgets == self.forgets:
-            return True
-        if self.shared_pages:
-            return False
-        self.forgets = forgets
-        return True
+        been forgotten ``forgets`` times so far: not if it was admitted before
+        the last forget (its KV belongs to the forgotten incarnation; its
+        pages stay its own and are freed at release)."""
+        return forgets == self.forgets
 
     def computed(self, end: int) -> None:
         """KV is written up to position ``end``."""

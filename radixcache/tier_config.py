@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixcache.offload.controller import LatencyHistogram
 from radixcache.offload.host import HostPoolConfig
 from radixcache.offload.lmdb_open import StorageOpening, open_lmdb_storage
 from radixcache.offload.lmdb_storage import StorageConfig
@@ -80,6 +81,7 @@ class TierStats:
     bytes_per_second: dict[str, float]  # per direction, over job latency
     storage: StorageStats | None  # the storage backend's counters, None without one
     storage_state: str  # "opened", "recovered" (damaged store moved aside) or "disabled"
+    job_latency: dict[str, LatencyHistogram] = field(default_factory=dict)  # per direction
 
 
 def open_storage(config: TierConfig, spec: KVSpec) -> StorageOpening:

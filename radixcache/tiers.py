@@ -30,16 +30,26 @@ from radixcache.offload.storage import Storage
 from radixcache.hashing import split_keys, chain_keys
 from radixcache.request import Request
 from radixcache.offload.lmdb_open import StorageOpening
+from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.tier_config import TierConfig, TierCounters, TierStats
 from radixcache.tree import RadixTree
 from radixcache.transfer import DeviceKVBuffer
 from radixcache.transfer.engine import make_copy_engine
 
 log = logging.getLogger(__name__)
+_failures = RateLimitedLog(log)  # a failing tier fails every job: one line per interval
 
 AllocateDevice = Callable[[int], "PageIds | None"]
 
 __all__ = ["HostTiers", "NullTiers", "TierConfig", "TierStats", "Tiers"]
+
+
+def _no_fetch(req: Request, tokens: PageIds) -> None:
+    """No storage tier: nothing to prefetch."""
+
+
+def _no_store(nodes: list[Node]) -> None:
+    """No storage tier: host copies stay on the host."""
 
 
 class Tiers(Protocol):
@@ -140,6 +150,14 @@ class HostTiers:
             make_copy_engine(kv, self.host.buffer), self.host, storage.storage, kv.spec.page_bytes
         )
         self.storage_state = storage.state
+        # Without a storage tier (NullStorage), the two storage steps are
+        # no-ops chosen here once: no page keys are computed for lookups that
+        # cannot hit, and no store jobs are started that commit nothing.
+        enabled = storage.state != "disabled"
+        self._fetch_from_storage: Callable[[Request, PageIds], None] = (
+            self._start_fetch if enabled else _no_fetch
+        )
+        self.store: Callable[[list[Node]], None] = self._store if enabled else _no_store
         self._allocate_device = allocate_device
         self.free_device = free_device
         self.jobs: dict[TierJob, None] = {}  # live jobs, in submission order
@@ -165,7 +183,7 @@ class HostTiers:
         if nodes:
             self._start_load(req, nodes)
         if len(nodes) == len(match.host_nodes):
-            self._start_fetch(req, tokens)
+            self._fetch_from_storage(req, tokens)
 
     def wait_for_loads(self, match: MatchResult) -> bool:
         """If another request is loading the first host node of ``match``, let
@@ -192,7 +210,7 @@ class HostTiers:
         req.take_loading(self.tree, job.last, dev, job, self.page_size)
         hit = job.pages * self.page_size
         self.counters.host_hit_tokens += hit
-        req.hit_host = hit
+        req.found_below(host=hit)
 
     def _start_fetch(self, req: Request, tokens: PageIds) -> None:
         p = self.page_size
@@ -219,7 +237,7 @@ class HostTiers:
         job = FetchJob(self, req, parent, tokens, start, keys[:n], host_pages, dev, epoch)
         req.take_loading(self.tree, None, dev, job, p)
         self.counters.storage_hit_tokens += n * p
-        req.hit_storage = n * p
+        req.found_below(storage=n * p)
 
     # ------------------------------------------------------------------ backups
     def on_insert(self, result: InsertResult) -> None:
@@ -255,15 +273,15 @@ class HostTiers:
             self.counters.failed_jobs += 1
             self.host.free(host_pages)
 
-    def store(self, nodes: list[Node]) -> None:
+    def _store(self, nodes: list[Node]) -> None:
         """Write the complete host copy of a run of nodes (path order) on to
-        storage, as one job (``NullStorage`` commits nothing)."""
+        storage, as one job."""
         nodes = [n for n in nodes if n.host is not None and not n.stored]
         if not nodes:
             return
         if len(nodes) > 1 and any(b.parent is not a for a, b in zip(nodes, nodes[1:])):
             for node in nodes:  # not one run: one job each
-                self.store([node])
+                self._store([node])
             return
         keys = split_keys(b"".join(self.tree.page_keys(n) for n in nodes))
         tokens = np.concatenate([n.key for n in nodes]).reshape(-1, self.page_size)
@@ -303,7 +321,7 @@ class HostTiers:
         for move in done:
             if not move.ok:
                 self.counters.failed_jobs += 1
-                log.warning("%s failed: %r", move.kind.value, move.ticket.error)
+                _failures.warning("%s failed: %r", move.kind.value, move.ticket.error)
             move.owner.finish(move.ok)
         self.index.recorder.removed_keys(removed, "DISK")
         return len(done)
@@ -409,6 +427,7 @@ class HostTiers:
             bytes_per_second={k.value: t.bytes_per_second(k) for k in JobKind},
             storage=None if self.storage_state == "disabled" else self.storage.stats(),
             storage_state=self.storage_state,
+            job_latency={k.value: h.copy() for k, h in t.latency.items()},
         )
 
     def check_integrity(self) -> None:

@@ -30,14 +30,16 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Final, Protocol
+from typing import Final
 
 import numpy as np
 
 from radixcache.eviction import EvictionPolicy
+from radixcache.lower_tiers import LowerTiers, NoLowerTiers
 from radixcache.hashing import KEY_BYTES
 from radixcache.namespace import Namespace
 from radixcache.page_keys import PageKeys
+from radixcache.tree_check import check_tree
 from radixcache.recorder import NullRecorder, Recorder
 from radixcache.node import (
     EMPTY_PAGES,
@@ -52,63 +54,6 @@ from radixcache.node import (
 
 
 GPU: Final = "GPU"  # the device medium, as the recorder names it
-
-
-class LowerTiers(Protocol):
-    """What the tree asks of, and tells, the tiers below the device.
-
-    The tiers own every node's ``host``, ``stored``, ``holds`` and
-    ``loading`` fields; the tree reads none of them. Owner thread only.
-    """
-
-    def resident(self, node: Node) -> bool:
-        """``node`` has a copy below the device that a match can load back:
-        it stays in the tree without device pages."""
-        ...
-
-    def adoptable(self, node: Node) -> bool:
-        """An insert may give device pages to ``node`` (which has none): no
-        load is writing them."""
-        ...
-
-    def bare(self, node: Node) -> bool:
-        """Nothing below the device refers to ``node`` (it may grow in place)."""
-        ...
-
-    def held(self, node: Node) -> bool:
-        """A job in flight holds ``node``'s pages: it must stay in the tree."""
-        ...
-
-    def split(self, upper: Node, lower: Node, pages: int) -> None:
-        """``lower`` was cut after ``pages`` pages; ``upper`` is the new first
-        piece: share the lower tiers' fields between the two."""
-        ...
-
-    def discard(self, node: Node) -> None:
-        """``node`` left the tree: release what it holds below the device."""
-        ...
-
-
-class NoLowerTiers:
-    """A device-only tree: nothing lives below the device."""
-
-    def resident(self, node: Node) -> bool:
-        return False
-
-    def adoptable(self, node: Node) -> bool:
-        return True
-
-    def bare(self, node: Node) -> bool:
-        return True
-
-    def held(self, node: Node) -> bool:
-        return False
-
-    def split(self, upper: Node, lower: Node, pages: int) -> None:
-        pass
-
-    def discard(self, node: Node) -> None:
-        pass
 
 
 def _concat(parts: list[PageIds]) -> PageIds:
@@ -532,13 +477,13 @@ class RadixTree:
         self.evictable_pages -= pages.size
         self._evictable.discard(node)
         parent.device_children -= 1
-        if not self.lower.resident(node):
-            for child in list(node.children.values()):
-                assert child.lock_ref == 0, "a locked node under a victim"
-                del node.children[child.key[: self.page_size].tobytes()]
-                for gone in self._subtree(child):
-                    self._discount(gone, [])
-            self.lower.discard(node)
+        if not self.lower.resident(node):  # (so it holds nothing below the device)
+            if node.children:
+                for child in list(node.children.values()):
+                    assert child.lock_ref == 0, "a locked node under a victim"
+                    del node.children[child.key[: self.page_size].tobytes()]
+                    for gone in self._subtree(child):
+                        self._discount(gone, [])
             self._unlink(node)
         self._update_candidate(parent)
         return pages
@@ -750,72 +695,24 @@ class RadixTree:
         ``locks`` maps each node to the number of ``lock`` calls the caller
         holds on it (``job_locks`` adds those of in-flight jobs); when given,
         every node's ``lock_ref`` must equal its own locks plus its children's
-        ``lock_ref``. (The lower tiers check their own fields.)
+        ``lock_ref``. (The lower tiers check their own fields.) See
+        radixcache/tree_check.py.
         """
-        if locks is not None and job_locks:
-            merged = dict(locks)
-            for node, n in job_locks.items():
-                merged[node] = merged.get(node, 0) + n
-            locks = merged
-        p = self.page_size
-        device_pages = evictable = count = 0
-        seen_device: list[PageIds] = []
-        candidates: set[Node] = set()
-        roots = [*self._roots.items(), *((root.namespace, root) for root in self._detached)]
-        for ns, root in roots:
-            assert root.parent is None and root.namespace == ns and root.key.size == 0
-            assert root.children, f"empty root kept for {ns!r}"
-            stack = [root]
-            while stack:
-                node = stack.pop()
-                dev_children = 0
-                child_locks = 0
-                for first, child in node.children.items():
-                    assert child.parent is node, f"{child!r} has the wrong parent"
-                    assert child.namespace == ns, f"{child!r} is in the wrong namespace"
-                    assert child.key[:p].tobytes() == first, f"{child!r} filed under the wrong key"
-                    dev_children += child.device is not None
-                    child_locks += child.lock_ref
-                    stack.append(child)
-                assert node.device_children == dev_children, f"{node!r}: device_children wrong"
-                own = 0 if locks is None else locks.get(node, 0)
-                if locks is not None:
-                    assert node.lock_ref == own + child_locks, (
-                        f"{node!r}: lock_ref {node.lock_ref} != own {own} + children {child_locks}"
-                    )
-                assert node.lock_ref >= child_locks, f"{node!r}: lock_ref below its children's"
-                if node.parent is None:
-                    continue
-                count += 1
-                size = node.key.size
-                assert size > 0 and size % p == 0, f"{node!r}: key length {size} not whole pages"
-                assert node.device is not None or self.lower.resident(node), (
-                    f"{node!r}: no residency"
-                )
-                if node.device is not None:
-                    assert node.device.size * p == size, f"{node!r}: device pages do not cover it"
-                    assert node.parent.parent is None or node.parent.device is not None, (
-                        f"{node!r}: device residency is not prefix-closed"
-                    )
-                    device_pages += node.device.size
-                    if node.lock_ref == 0:
-                        evictable += node.device.size
-                        if dev_children == 0:
-                            candidates.add(node)
-                    seen_device.append(node.device)
-                if node.keys is not None:
-                    assert len(node.keys) % KEY_BYTES == 0, f"{node!r}: ragged page keys"
-                    assert len(node.keys) <= KEY_BYTES * (size // p), f"{node!r}: stale page keys"
-        assert count == self.node_count, f"node_count {self.node_count} != {count}"
-        assert device_pages == self.device_pages, f"device_pages {self.device_pages} != {device_pages}"
-        assert evictable == self.evictable_pages, (
-            f"evictable_pages {self.evictable_pages} != {evictable}"
-        )
-        assert candidates == self._evictable, "eviction candidate set is out of date"
-        live_heap = {e[-1] for e in self._heap if isinstance(e[-1], Node) and e[-2] == e[-1].heap_seq}
-        assert self._evictable <= live_heap, "an eviction candidate has no live heap entry"
-        ids = _concat(seen_device)
-        assert np.unique(ids).size == ids.size, "a device page is owned by two nodes"
+        check_tree(self, locks, job_locks)
+
+    def roots(self) -> list[Node]:
+        """Every namespace root, live ones first, then detached (forgotten) ones."""
+        return [*self._roots.values(), *self._detached]
+
+    @property
+    def evictable_nodes(self) -> set[Node]:
+        """The eviction candidates (for checks)."""
+        return self._evictable
+
+    @property
+    def heap_entries(self) -> list[tuple[object, ...]]:
+        """The eviction heap (for checks)."""
+        return self._heap
 
     def device_page_ids(self) -> PageIds:
         """Every device page id the tree holds (O(nodes); for checks)."""

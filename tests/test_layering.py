@@ -101,12 +101,15 @@ def test_only_events_talks_zmq_and_msgpack_only_offload_talks_lmdb() -> None:
                 assert "cupy" not in mods, f"{rel} uses cupy"
 
 
-def test_the_tree_knows_nothing_of_devices_storage_or_threads() -> None:
-    for name in ("tree.py", "node.py", "eviction.py"):
+def test_the_tree_knows_nothing_of_devices_storage_events_or_threads() -> None:
+    tree_modules = (
+        "tree.py", "tree_check.py", "lower_tiers.py", "page_keys.py", "node.py", "eviction.py"
+    )
+    for name in tree_modules:
         mods = imports(ROOT / "radixcache" / name)
         tops = {m.split(".")[0] for m in mods}
         assert not tops & {"torch", "lmdb", "zmq", "msgpack", "cupy", "threading"}, name
-        assert not {layer(m) for m in mods} & {"offload", "transfer"}, name
+        assert not {layer(m) for m in mods} & {"offload", "transfer", "events"}, name
 
 
 def test_nothing_below_the_engine_imports_the_apps() -> None:

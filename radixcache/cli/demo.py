@@ -8,50 +8,53 @@ its position; every request checks that the KV it got from the cache (device
 hits, host load-backs, LMDB prefetches) holds exactly those values, so a
 wrong page would be caught. Then the cache is closed and a new one opens the
 same LMDB directory, as after a restart, and replays the first turns.
+
+The LMDB store stays on disk after the run; the next run reuses it (and says
+so) unless --fresh is given. Copies and storage writes run in the background,
+but the demo applies them at fixed points (after every prefill chunk and
+decoded token), so two fresh runs with the same --seed give the same figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import sys
+import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from radixcache.cache import CacheConfig, RadixCache
+from radixcache.cli.demo_report import Totals, report_turn, store_size, summary
+from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options, host_pool_config
+from radixcache.cli.kv_events_config import publisher_config
+from radixcache.cli.options import json_object, non_negative_int, positive_int, power_of_two
+from radixcache.cli.parser import UsageError, describe
 from radixcache.events import NullEventPublisher, PublisherConfig, ZmqEventPublisher
 from radixcache.events.publisher import EventPublisher
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_storage import StorageConfig
-from radixcache.cache import CacheConfig, RadixCache
 from radixcache.namespace import Namespace
+from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache.request import Request
 from radixcache.tiers import TierConfig
 from radixcache.transfer import KVSpec
 
 VOCAB = 32000
-
-
-@dataclass(slots=True)
-class Totals:
-    requests: int = 0
-    prompt_tokens: int = 0  # tokens of all prompts
-    computed_tokens: int = 0  # prefill tokens actually computed
-    device_hits: int = 0  # prompt tokens served from each tier
-    host_hits: int = 0
-    storage_hits: int = 0
-    checked_tokens: int = 0  # cached tokens whose KV was verified
-    seconds: float = 0.0
+STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock"})  # what --fresh deletes
 
 
 def expected_kv(tokens: np.ndarray, positions: np.ndarray, layer: int) -> torch.Tensor:
     """The stand-in model's K for these tokens at these positions (V is -K)."""
     vals = (tokens.astype(np.int64) * 7 + positions * 13 + layer * 101) % 2039
     return torch.from_numpy(vals.astype(np.float32))
+
+
+def settle(cache: RadixCache) -> None:
+    """Wait for every tier job in flight and apply it. Applying jobs at fixed
+    points, not whenever a thread happens to finish, makes the figures a
+    function of the seed."""
+    cache.drain()
 
 
 class Runner:
@@ -90,12 +93,20 @@ class Runner:
                 raise AssertionError(f"request {req.rid}: cached KV of another prefix was served")
         self.totals.checked_tokens += n
 
+    def _step(self, req: Request, n: int) -> None:
+        """Compute ``n`` more positions of ``req`` (a prefill chunk or one token)."""
+        self.cache.reserve(req, n)
+        self._write(req, req.num_computed, n)
+        self.cache.commit(req, n)
+        settle(self.cache)
+
     def serve(self, prompt: np.ndarray, namespace: Namespace, decode: int,
               rng: np.random.Generator) -> np.ndarray:
         """One request: prefill what is not cached, decode, release."""
         t0 = time.perf_counter()
         cache = self.cache
         req = cache.admit(prompt, namespace)
+        settle(cache)
         cache.reserve(req, 0)  # resolves loads from host or storage (prefetch policy)
         self._check(req)
         tot = self.totals
@@ -106,62 +117,130 @@ class Runner:
         tot.storage_hits += max(req.num_computed - req.hit_device - req.hit_host, 0)
         while req.num_computed < prompt.size:
             n = min(self.chunk, int(prompt.size) - req.num_computed)
-            cache.reserve(req, n)
-            self._write(req, req.num_computed, n)
-            cache.commit(req, n)
+            self._step(req, n)
             tot.computed_tokens += n
         for tok in rng.integers(0, VOCAB, decode, dtype=np.int32):
             cache.extend(req, [int(tok)])
-            cache.reserve(req, 1)
-            self._write(req, req.num_computed, 1)
-            cache.commit(req, 1)
+            self._step(req, 1)
         out = req.tokens.copy()
         cache.release(req)
-        cache.poll()
+        settle(cache)
         self.publisher.publish(cache.take_events())
         tot.seconds += time.perf_counter() - t0
         return out
 
 
+# ---------------------------------------------------------------------- setup
 def build_cache(args: argparse.Namespace, spec: KVSpec, device: str) -> RadixCache:
-    tiers = TierConfig(
-        host=HostPoolConfig(pages=args.host_pages),
-        write_policy=args.write_policy,
-        prefetch_policy=args.prefetch_policy,
-        storage=StorageConfig(path=args.storage_path, capacity_bytes=args.storage_mib << 20),
-        model_id="radixcache-demo",
-    )
-    return RadixCache(CacheConfig(spec=spec, device_pages=args.device_pages, device=device,
-                                  tiers=tiers, record_events=True))
+    """The demo's cache; UsageError for a size or a storage folder it cannot use."""
+    try:
+        tiers = TierConfig(
+            host=host_pool_config(args),
+            write_policy=args.write_policy,
+            prefetch_policy=args.prefetch_policy,
+            # strict: a folder that cannot be used is the user's to fix, not a tier to disable
+            storage=StorageConfig(path=args.storage_path, capacity_bytes=args.storage_mib << 20,
+                                  on_open_error="strict"),
+            model_id="radixcache-demo",
+        )
+        return RadixCache(CacheConfig(spec=spec, device_pages=args.device_pages, device=device,
+                                      tiers=tiers, record_events=True))
+    except (ValueError, OSError) as err:  # bad sizes; unwritable, read-only or locked folder
+        raise UsageError(describe(err)) from None
 
 
-def make_publisher(endpoint: str) -> EventPublisher:
-    if endpoint == "none":
-        return NullEventPublisher()
-    return ZmqEventPublisher(PublisherConfig(endpoint=endpoint, replay_endpoint=None))
+def clear_store(path: Path) -> None:
+    """--fresh: delete the LMDB files in ``path`` (nothing else). The caller has
+    checked that no other process holds the store."""
+    if not path.is_dir():
+        return
+    unknown = sorted(set(os.listdir(path)) - STORE_FILES)
+    if unknown:
+        raise UsageError(f"--fresh: {str(path)!r} holds files that are not an LMDB store "
+                         f"({', '.join(unknown[:3])}); not deleting anything")
+    try:
+        for name in STORE_FILES:
+            (path / name).unlink(missing_ok=True)
+    except OSError as err:
+        raise UsageError(f"--fresh: cannot empty {str(path)!r}: {err.strerror or err}") from None
 
 
+def make_publisher(args: argparse.Namespace) -> EventPublisher:
+    """The event publisher of ``--events`` or ``--kv-events-config``; UsageError
+    for a config or an endpoint that cannot be used."""
+    replay = None if args.events_replay == "none" else args.events_replay
+    try:
+        if args.kv_events_config is not None:
+            base = PublisherConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint=replay)
+            config = publisher_config(args.kv_events_config, base)
+        elif args.events == "none":
+            config = None
+        else:
+            config = PublisherConfig(endpoint=args.events, replay_endpoint=replay)
+        return NullEventPublisher() if config is None else ZmqEventPublisher(config)
+    except (ValueError, OSError) as err:  # bad keys or values; endpoint in use or malformed
+        raise UsageError(describe(err)) from None
+
+
+def describe_events(publisher: EventPublisher) -> str:
+    if not isinstance(publisher, ZmqEventPublisher):
+        return "events: off"
+    replay = publisher.replay_endpoint
+    return (f"events: publishing on {publisher.endpoint}"
+            + (f", replay on {replay}" if replay else ", no replay"))
+
+
+# ---------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
     device = args.device
-    if device == "cuda" and not torch.cuda.is_available():
+    try:
+        torch.device(device)
+    except RuntimeError as err:
+        raise UsageError(f"--device: {err}") from None
+    if device.startswith("cuda") and not torch.cuda.is_available():
         print("CUDA is not available: running on the CPU")
         device = "cpu"
-    spec = KVSpec(num_layers=args.layers, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                  dtype=torch.float16, page_size=args.page_size)
+    try:
+        spec = KVSpec(num_layers=args.layers, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
+                      dtype=torch.float16, page_size=args.page_size)
+    except ValueError as err:
+        raise UsageError(describe(err)) from None
+    longest = args.system + args.turns * (args.user + args.decode)  # a chat's last turn
+    need = -(-longest // args.page_size)
+    if need > args.device_pages:
+        raise UsageError(f"a chat grows to {longest} tokens ({need} pages of {args.page_size}) "
+                         f"by its last turn, more than --device-pages {args.device_pages}; "
+                         f"give more device pages or fewer/shorter turns")
     store = Path(args.storage_path)
     if args.fresh and store.exists():
-        shutil.rmtree(store)
-    cache = build_cache(args, spec, device)
-    publisher = make_publisher(args.events)
+        build_cache(args, spec, device).close()  # fails if the folder is unusable or held
+        clear_store(store)
+    publisher = make_publisher(args)  # first: a bad events option fails before any store opens
+    try:
+        cache = build_cache(args, spec, device)
+        _run(args, spec, device, store, cache, publisher)
+    finally:
+        publisher.close()
+    return 0
+
+
+def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: Path, cache: RadixCache,
+         publisher: EventPublisher) -> None:
+    ts = cache.tier_stats()
+    assert ts is not None and ts.storage is not None
     mib = spec.page_bytes / 2**20
     print(f"radixcache demo on {cache.kv.device if cache.kv else device}: "
-          f"page {spec.page_bytes // 1024} KiB; device {args.device_pages} pages "
-          f"({args.device_pages * mib:.0f} MiB), host {args.host_pages} pages "
-          f"({args.host_pages * mib:.0f} MiB), LMDB {args.storage_mib} MiB at {store}; "
+          f"page {spec.page_bytes / 1024:g} KiB; device {args.device_pages} pages "
+          f"({args.device_pages * mib:.0f} MiB), host {ts.host_pages} pages "
+          f"({ts.host_pages * mib:.0f} MiB), LMDB {args.storage_mib} MiB at {store}; "
           f"write policy {args.write_policy}, prefetch {args.prefetch_policy}")
+    if ts.storage.records:
+        print(f"found {ts.storage.records} pages from an earlier run in {store}; "
+              f"--fresh starts empty")
+    print(describe_events(publisher), flush=True)
     print(f"workload: {args.tenants} tenants x {args.chats} chats x {args.turns} turns, "
           f"system prompt {args.system} tokens, +{args.user} user tokens and "
-          f"{args.decode} decoded tokens per turn")
+          f"{args.decode} decoded tokens per turn; seed {args.seed}")
     rng = np.random.default_rng(args.seed)
     runner = Runner(cache, publisher, args.chunk)
     systems = [rng.integers(0, VOCAB, args.system, dtype=np.int32) for _ in range(args.tenants)]
@@ -177,107 +256,75 @@ def run(args: argparse.Namespace) -> int:
             if turn == 0:
                 first_turns.append((tenant, prompt))
             chats[i] = (tenant, runner.serve(prompt, tenants[tenant], args.decode, rng))
-        report_progress(turn + 1, args.turns, runner, time.perf_counter() - t0)
-    cache.tiers.drain()
-    cache.poll()
+        report_turn(turn + 1, args.turns, runner.totals, cache, time.perf_counter() - t0)
+    settle(cache)
     publisher.publish(cache.take_events())
-    summary(cache, runner, publisher, time.perf_counter() - t0)
+    summary(cache, runner.totals, publisher, time.perf_counter() - t0)
     cache.close()
 
     # Warm restart: a new cache on the same LMDB directory.
     restarted = build_cache(args, spec, device)
-    runner2 = Runner(restarted, NullEventPublisher(), args.chunk)
-    t1 = time.perf_counter()
-    for tenant, prompt in first_turns[: args.restart_requests]:
-        runner2.serve(prompt, tenants[tenant], 0, rng)
-    r = runner2.totals
-    print(f"\nafter a restart (new process state, same LMDB directory): "
-          f"{r.requests} first-turn prompts replayed in {time.perf_counter() - t1:.1f} s: "
-          f"{r.storage_hits} prompt tokens came back from LMDB and {r.device_hits} were then "
-          f"shared on the device, of {r.prompt_tokens} "
-          f"({(r.storage_hits + r.device_hits) / max(r.prompt_tokens, 1):.1%} not recomputed); "
-          f"{r.checked_tokens} cached tokens verified")
-    restarted.close()
-    publisher.close()
-    return 0
+    try:
+        runner2 = Runner(restarted, NullEventPublisher(), args.chunk)
+        t1 = time.perf_counter()
+        for tenant, prompt in first_turns[: args.restart_requests]:
+            runner2.serve(prompt, tenants[tenant], 0, rng)
+        r = runner2.totals
+        print(f"\nafter a restart (new process state, same LMDB directory): "
+              f"{r.requests} first-turn prompts replayed in {time.perf_counter() - t1:.1f} s: "
+              f"{r.storage_hits} prompt tokens came back from LMDB and {r.device_hits} were then "
+              f"shared on the device, of {r.prompt_tokens} "
+              f"({(r.storage_hits + r.device_hits) / max(r.prompt_tokens, 1):.1%} not recomputed); "
+              f"{r.checked_tokens} cached tokens verified")
+        settle(restarted)
+        after = restarted.tier_stats()
+        kept = after.storage.records if after is not None and after.storage is not None else 0
+    finally:
+        restarted.close()
+    size = store_size(store)
+    print(f"LMDB store {store}: {size / 2**20:.1f} MiB on disk, {kept} pages; the next run "
+          f"reuses it (--fresh starts empty; rm -r {store} removes it)")
 
 
-def report_progress(turn: int, turns: int, runner: Runner, elapsed: float) -> None:
-    t = runner.totals
-    s = runner.cache.stats()
-    ts = runner.cache.tier_stats()
-    assert ts is not None
-    hit = (t.device_hits + t.host_hits + t.storage_hits) / max(t.prompt_tokens, 1)
-    print(f"  turn {turn}/{turns}  {t.requests:5d} requests  {elapsed:6.1f} s  "
-          f"hit {hit:6.1%} (device {t.device_hits / max(t.prompt_tokens, 1):5.1%}, "
-          f"host {t.host_hits / max(t.prompt_tokens, 1):5.1%}, "
-          f"LMDB {t.storage_hits / max(t.prompt_tokens, 1):5.1%})  "
-          f"device free {s.free_pages}/{s.pool_pages}  host free {ts.host_free_pages}/{ts.host_pages}",
-          flush=True)
-
-
-def summary(cache: RadixCache, runner: Runner, publisher: EventPublisher, elapsed: float) -> None:
-    t = runner.totals
-    s = cache.stats()
-    ts = cache.tier_stats()
-    assert ts is not None and ts.storage is not None
-    st = ts.storage
-    pct = 100 / max(t.prompt_tokens, 1)
-    print(f"\nsummary ({t.requests} requests in {elapsed:.1f} s)")
-    print(f"  {'tier':8s} {'hit tokens':>12s} {'share':>7s} {'evicted pages':>14s}")
-    print(f"  {'device':8s} {t.device_hits:12d} {t.device_hits * pct:6.1f}% {s.evicted_pages:14d}")
-    print(f"  {'host':8s} {t.host_hits:12d} {t.host_hits * pct:6.1f}% {ts.host_evicted_pages:14d}")
-    print(f"  {'LMDB':8s} {t.storage_hits:12d} {t.storage_hits * pct:6.1f}% {st.evicted:14d}")
-    print(f"  {'moved':22s} {'pages':>10s} {'MiB':>10s} {'MB/s*':>10s}")
-    for direction, pages in ts.pages_moved.items():
-        mb = ts.bytes_moved[direction] / 2**20
-        rate = ts.bytes_per_second[direction] / 1e6
-        print(f"  {direction:22s} {pages:10d} {mb:10.1f} {rate:10.1f}")
-    print("  * bytes over the summed submit-to-harvest time of the jobs (queueing included)")
-    saved = t.prompt_tokens - t.computed_tokens
-    print(f"  prefill avoided: {saved} of {t.prompt_tokens} prompt tokens ({saved * pct:.1f}%); "
-          f"{t.checked_tokens} cached tokens verified bit-exact, none wrong")
-    print(f"  storage: {st.records} records, {st.corrupt} corrupt, {st.failed_ops} failed ops; "
-          f"abandoned loads {ts.abandoned_tokens} tokens, failed jobs {ts.failed_jobs}")
-    p = publisher.stats()
-    print(f"  events: {p.published} batches published, {p.dropped} dropped")
-
-
+# ---------------------------------------------------------------------- options
 def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="the offload demo (GPU when present, else CPU)",
-                          description=__doc__,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                          description=__doc__)
     add = demo.add_argument
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    add("--device-pages", type=int, default=384, help="device pool, pages")
-    add("--host-pages", type=int, default=768, help="host pool, pages")
-    add("--storage-mib", type=int, default=2048, help="LMDB capacity, MiB")
-    add("--storage-path", default="./radixcache-data", help="LMDB directory")
-    add("--fresh", action="store_true", help="delete the LMDB directory first")
-    add("--write-policy", default="write_through",
-        choices=["write_through", "write_through_selective", "write_back"])
-    add("--prefetch-policy", default="wait_complete",
-        choices=["best_effort", "wait_complete", "timeout"])
-    add("--events", default="tcp://127.0.0.1:*",
-        help="ZMQ endpoint to publish page events on ('none' to disable)")
-    add("--tenants", type=int, default=3)
-    add("--chats", type=int, default=16, help="chats per tenant")
-    add("--turns", type=int, default=8)
-    add("--system", type=int, default=1024, help="system prompt tokens per tenant")
-    add("--user", type=int, default=256, help="new user tokens per turn")
-    add("--decode", type=int, default=32, help="decoded tokens per turn")
-    add("--chunk", type=int, default=512, help="prefill chunk, tokens")
-    add("--layers", type=int, default=8)
-    add("--kv-heads", type=int, default=4)
-    add("--head-dim", type=int, default=64)
-    add("--page-size", type=int, default=16)
-    add("--restart-requests", type=int, default=12)
-    add("--seed", type=int, default=0)
+    add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+        help="torch device of the KV pool (cuda falls back to cpu when absent)")
+    add("--device-pages", type=positive_int, default=384, help="device pool, pages")
+    add_host_pool_options(demo, 768, "host pool, pages")
+    add("--storage-mib", type=positive_int, default=2048, help="LMDB capacity, MiB")
+    add("--storage-path", default="./radixcache-data",
+        help="LMDB directory (created if missing; kept after the run)")
+    add("--fresh", action="store_true",
+        help="empty the LMDB store first (deletes only its LMDB files)")
+    add_policy_options(demo, "write_through", "wait_complete")
+    events = demo.add_mutually_exclusive_group()
+    events.add_argument("--events", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
+                        help="ZMQ endpoint to publish page events on ('none': off; port *: a "
+                        "free port, printed at the start)")
+    events.add_argument("--kv-events-config", type=json_object, default=None, metavar="JSON",
+                        help="vLLM KVEventsConfig keys as JSON, e.g. "
+                        "'{\"enable_kv_cache_events\": true, \"endpoint\": "
+                        "\"tcp://127.0.0.1:5557\"}' (keys left out keep our loopback defaults)")
+    add("--events-replay", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
+        help="ZMQ endpoint of the replay socket ('none': no replay)")
+    add("--tenants", type=positive_int, default=3, help="tenants (namespaces), one system "
+        "prompt each")
+    add("--chats", type=positive_int, default=8, help="chats per tenant")
+    add("--turns", type=positive_int, default=8, help="turns per chat")
+    add("--system", type=positive_int, default=1024, help="system prompt tokens per tenant")
+    add("--user", type=positive_int, default=256, help="new user tokens per turn")
+    add("--decode", type=non_negative_int, default=32, help="decoded tokens per turn")
+    add("--chunk", type=positive_int, default=512, help="prefill chunk, tokens")
+    add("--layers", type=positive_int, default=8, help="model layers (KV geometry)")
+    add("--kv-heads", type=positive_int, default=4, help="KV heads per layer")
+    add("--head-dim", type=positive_int, default=64, help="head dimension")
+    add("--page-size", type=power_of_two, default=16, help="tokens per page, a power of two")
+    add("--restart-requests", type=non_negative_int, default=12,
+        help="first-turn prompts replayed after the restart")
+    add("--seed", type=int, default=0, help="workload seed: the same seed gives the same "
+        "figures on a fresh store")
     demo.set_defaults(func=run)
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command", required=True))
-    ns = parser.parse_args(["demo", *sys.argv[1:]])
-    raise SystemExit(ns.func(ns))

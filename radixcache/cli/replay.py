@@ -57,7 +57,7 @@ import torch
 from radixcache.offload.host import HostPoolConfig
 from radixcache.offload.record import page_record_size
 from radixcache.offload.lmdb_storage import StorageConfig
-from radixcache.offload.policy import make_write_policy
+from radixcache.offload.policy import make_prefetch_policy, make_write_policy
 from radixcache.cache import CacheConfig, RadixCache
 from radixcache.errors import OutOfPagesError
 from radixcache.eviction import eviction_policy_names, make_eviction_policy
@@ -188,6 +188,7 @@ class ReplayConfig:
     storage_path: str | None = None  # LMDB directory; None: a temporary one
     write_policy: str = "write_through"  # when device pages get a host copy
     write_threshold: int = 2  # hits before write_through_selective copies
+    prefetch_policy: str = "wait_complete"  # every load is settled first: all give equal figures
     eviction_policy: str = "lru"
     block_size: int = BLOCK_SIZE  # tokens per trace hash block
     warmup: float = 0.0  # leading fraction of requests replayed but not counted
@@ -212,6 +213,7 @@ class ReplayConfig:
             raise ValueError(f"block size must be positive, got {self.block_size}")
         make_eviction_policy(self.eviction_policy)
         make_write_policy(self.write_policy)
+        make_prefetch_policy(self.prefetch_policy)
 
     @property
     def num_device_pages(self) -> int:
@@ -238,10 +240,11 @@ class ReplayConfig:
                 storage = StorageConfig(
                     path=storage_dir, capacity_bytes=cap, durability="fast", num_readers=1,
                     max_batch_pages=1, map_size_bytes=4 * cap + (256 << 20),
+                    on_open_error="strict",  # a folder that cannot be used: the user's to fix
                 )
             tiers = TierConfig(
                 host=HostPoolConfig(pages=self.host_pages), write_policy=self.write_policy,
-                write_threshold=self.write_threshold, prefetch_policy="wait_complete",
+                write_threshold=self.write_threshold, prefetch_policy=self.prefetch_policy,
                 storage=storage, model_id="radixcache-replay",
             )
         return CacheConfig(

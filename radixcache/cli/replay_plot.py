@@ -18,41 +18,43 @@ import argparse
 import csv
 import json
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import IO
 
-from radixcache.cli.replay import ReplayConfig, ReplayResult, load_trace, replay
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from radixcache.cli.parser import UsageError, describe
+from radixcache.cli.hicache_options import GB
+from radixcache.cli.replay import ReplayConfig, ReplayResult, TraceRequest, load_trace, replay
+from radixcache.offload.storage import StorageOpenError
 
 TIERS = ("device", "host", "storage")
 PLOT_HINT = "the sweep plot needs matplotlib: pip install 'radixcache[plot]' (or pass --no-plot)"
 
 
 # ---------------------------------------------------------------------- text
-class Progress:
-    """A one-line bar on a terminal stream, redrawn at most ten times a second."""
-
-    def __init__(self, total: int, label: str, stream: IO[str]) -> None:
-        self.total, self.label, self.stream = total, label, stream
-        self.start = self._last = time.monotonic()
-
-    def __call__(self, done: int) -> None:
-        now = time.monotonic()
-        if done < self.total and now - self._last < 0.1:
-            return
-        self._last = now
-        frac = done / self.total
-        self.stream.write(f"\r{self.label} [{'#' * int(30 * frac):<30}] {done}/{self.total} "
-                          f"{frac:4.0%} {now - self.start:6.1f} s")
-        if done >= self.total:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
-def make_progress(total: int, label: str, quiet: bool) -> Progress | None:
-    """A progress bar on stderr, or None with ``quiet`` or when stderr is not a terminal."""
-    return None if quiet or not sys.stderr.isatty() else Progress(total, label, sys.stderr)
+@contextmanager
+def progress_bar(total: int, label: str, quiet: bool) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar on stderr while the block runs, as a callback taking
+    the number of requests done; None with ``quiet`` or when stderr is not a
+    terminal."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TaskProgressColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True)) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done: bar.update(task, completed=done)
 
 
 def format_report(trace: str, result: ReplayResult) -> str:
@@ -229,23 +231,49 @@ def plot_sweep(results: Sequence[ReplayResult], sweep: Sweep, path: str, trace: 
 
 
 # ---------------------------------------------------------------------- command
+def _host_pages(args: argparse.Namespace, device_pages: int) -> int:
+    if args.host_ratio is not None:
+        return max(1, int(args.host_ratio * device_pages))
+    if args.host_gb is not None:  # HiCache's --hicache-size, in pages of the modelled KV
+        return max(1, int(args.host_gb * GB) // (args.kv_bytes_per_token * args.page_size))
+    return int(args.host_pages)
+
+
 def _config(args: argparse.Namespace) -> ReplayConfig:
     device = args.device_pages
-    host = args.host_pages
-    if args.host_ratio is not None:
-        dev = ReplayConfig(page_size=args.page_size, device_pages=device).num_device_pages
-        host = max(1, int(args.host_ratio * dev))
+    dev = ReplayConfig(page_size=args.page_size, device_pages=device).num_device_pages
     return ReplayConfig(
-        page_size=args.page_size, device_pages=device, host_pages=host,
+        page_size=args.page_size, device_pages=device, host_pages=_host_pages(args, dev),
         storage_pages=args.storage_pages, storage_path=args.storage_path,
         write_policy=args.write_policy, write_threshold=args.write_threshold,
-        eviction_policy=args.eviction_policy, block_size=args.block_size, warmup=args.warmup,
-        decode=args.decode,
+        prefetch_policy=args.prefetch_policy, eviction_policy=args.eviction_policy,
+        block_size=args.block_size, warmup=args.warmup, decode=args.decode,
     )
 
 
+def _replay(requests: Sequence[TraceRequest], config: ReplayConfig, label: str,
+            quiet: bool) -> ReplayResult:
+    """One replay; UsageError if its storage folder cannot be used."""
+    with progress_bar(len(requests), label, quiet) as progress:
+        try:
+            return replay(requests, config, progress)
+        except StorageOpenError as err:  # unwritable, read-only or held by another process
+            raise UsageError(describe(err)) from None
+
+
+@contextmanager
+def _writing(path: str) -> Iterator[None]:
+    """An output that cannot be written is the user's mistake: UsageError."""
+    try:
+        yield
+    except BrokenPipeError:  # stdout's reader left: not a mistake
+        raise
+    except OSError as err:
+        raise UsageError(f"cannot write {path!r}: {err.strerror or err}") from None
+
+
 def run_command(args: argparse.Namespace) -> int:
-    """``radixcache replay``: 0 on success, 2 for bad input or options."""
+    """``radixcache replay``: 0 on success; UsageError for bad input or options."""
     try:
         if args.sweep is not None and (args.json is not None or args.storage_path is not None):
             raise ValueError("--json and --storage-path are for single runs; a sweep "
@@ -257,21 +285,21 @@ def run_command(args: argparse.Namespace) -> int:
             require_matplotlib()
         requests = load_trace(args.trace, args.block_size, args.limit)
     except (ValueError, OSError, ImportError) as err:
-        print(f"radixcache replay: error: {err}", file=sys.stderr)
-        return 2
-    n = len(requests)
+        raise UsageError(describe(err)) from None
     if sweep is None:
-        result = replay(requests, base, make_progress(n, "replay", args.quiet))
+        result = _replay(requests, base, "replay", args.quiet)
         to_stdout = args.json == "-"  # then stdout is JSON only
         print(format_report(args.trace, result), file=sys.stderr if to_stdout else sys.stdout)
         if args.json is not None:
-            write_json(args.json, {"trace": args.trace, **result.to_dict()})
+            with _writing(args.json):
+                write_json(args.json, {"trace": args.trace, **result.to_dict()})
         return 0
     results = []
     for i, config in enumerate(points):
         label = f"{sweep.tier}={sweep.values[i]} [{i + 1}/{len(points)}]"
-        results.append(replay(requests, config, make_progress(n, label, args.quiet)))
+        results.append(_replay(requests, config, label, args.quiet))
     print(format_table(results, sweep))
-    written = write_sweep(results, sweep, args.out, args.trace, plot=not args.no_plot)
+    with _writing(args.out):
+        written = write_sweep(results, sweep, args.out, args.trace, plot=not args.no_plot)
     print("wrote " + ", ".join(written))
     return 0

@@ -22,7 +22,7 @@ import pytest
 
 from radixcache.offload import lmdb_space, lmdb_writer
 from radixcache.offload import record as lmdb_record
-from radixcache.offload.lmdb_space import DISK_RESERVE_BYTES, disk_room
+from radixcache.offload.lmdb_space import DISK_RESERVE_MAX_BYTES, DiskReserve, disk_room
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.storage import ModelFingerprint, StorageError, StorageOpenError
 
@@ -381,14 +381,70 @@ def test_disk_room_is_free_space_plus_reusable_pages_less_the_reserve(
     store = kit.open()
     free = 10 << 30
     monkeypatch.setattr(
-        lmdb_space.os, "statvfs", lambda path: SimpleNamespace(f_bavail=free // 4096, f_frsize=4096)
+        lmdb_space.os, "statvfs", lambda path: SimpleNamespace(f_blocks=free // 2048, f_bavail=free // 4096, f_frsize=4096)
     )
     dbs = (store._pages, store._ns, store._meta)
-    room = disk_room(store._env, store.path, dbs)
-    assert 0 <= room - (free - DISK_RESERVE_BYTES) <= 64 << 10  # a fresh store reuses little
+    reserve = DISK_RESERVE_MAX_BYTES
+    room = disk_room(store._env, store.path, dbs, reserve)
+    assert 0 <= room - (free - reserve) <= 64 << 10  # a fresh store reuses little
     host = kit.host(16)
     keys = kit.keys(16)
     kit.done(store.put(keys, kit.tokens(16), host, np.arange(16, dtype=np.int32), b""))
     kit.done(store.delete(keys))
-    after = disk_room(store._env, store.path, dbs)
+    after = disk_room(store._env, store.path, dbs, reserve)
     assert after > room  # the deleted records' pages are on LMDB's free list
+
+
+def _small_disk(monkeypatch: pytest.MonkeyPatch, size: int, free: list[int]) -> None:
+    """A simulated file system of ``size`` bytes with ``free[0]`` bytes free."""
+    monkeypatch.setattr(
+        lmdb_space.os,
+        "statvfs",
+        lambda path: SimpleNamespace(
+            f_blocks=size // 4096, f_bavail=free[0] // 4096, f_frsize=4096
+        ),
+    )
+    monkeypatch.setattr(lmdb_space, "preallocate", lambda *a: None)
+    monkeypatch.setattr(lmdb_writer, "preallocate", lambda *a: None)
+
+
+def test_the_disk_reserve_is_proportional_by_default_and_configurable(
+    kit: StoreKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    free = [3 << 20]
+    _small_disk(monkeypatch, 100 << 20, free)
+    assert DiskReserve().bytes("/") == (100 << 20) // 100  # 1% of a 100 MiB disk
+    assert DiskReserve(fixed=12345).bytes("/") == 12345
+    _small_disk(monkeypatch, 1 << 40, free)
+    assert DiskReserve().bytes("/") == DISK_RESERVE_MAX_BYTES  # 1% of 1 TiB: capped at 64 MiB
+    _small_disk(monkeypatch, 100 << 20, free)
+    store = kit.open()  # 3 MiB free on a 100 MiB disk: a fixed 64 MiB reserve stored nothing
+    host = kit.host()
+    assert kit.done(store.put(kit.keys(4), kit.tokens(4), host, kit.ids(0, 1, 2, 3), b"")) == 4
+    with pytest.raises(ValueError, match="disk_reserve_ratio"):
+        StorageConfig(disk_reserve_ratio=0.7)
+    with pytest.raises(ValueError, match="disk_reserve_bytes"):
+        StorageConfig(disk_reserve_bytes=-1)
+
+
+def test_a_full_disk_says_what_is_reserved_warns_sparingly_and_recovers(
+    kit: StoreKit, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    free = [0]
+    _small_disk(monkeypatch, 100 << 20, free)
+    store = kit.open()
+    host = kit.host()
+    caplog.set_level(logging.WARNING)
+    errors = []
+    for i in range(50):  # every write fails while the disk is full
+        ticket = store.put(kit.keys(1, bytes([i])), kit.tokens(1), host, kit.ids(0), b"")
+        assert ticket.wait(10)
+        errors.append(ticket.error)
+    assert all(isinstance(e, StorageError) for e in errors)
+    assert "1048576 B of free disk are kept in reserve (disk_reserve_ratio=0.01" in str(errors[0])
+    lines = [r for r in caplog.records if "storage write" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, f"{len(lines)} warnings for 50 failed writes"
+    free[0] = 3 << 20  # space came back: the next write goes through
+    assert kit.done(store.put(kit.keys(2, b"after"), kit.tokens(2), host, kit.ids(0, 1), b"")) == 2
+    assert store.stats().records == 2
+    store.check_integrity()

@@ -132,7 +132,7 @@ def run_workload(
         publish()
     tiers = cache.tiers
     assert isinstance(tiers, HostTiers)
-    tiers.drain()
+    cache.drain()
     cache.poll()
     publish()
     return media, removed

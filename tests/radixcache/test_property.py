@@ -160,9 +160,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(ns=st.integers(0, len(NAMESPACES) - 1))
     def forget(self, ns: int) -> None:
         self.cache.forget_namespace(NAMESPACES[ns])
-        self.stale |= {
-            r.rid for r in self.cache.live_requests if self.ns_of[r.rid] == ns and r.shared_pages
-        }
+        self.stale |= {r.rid for r in self.cache.live_requests if self.ns_of[r.rid] == ns}
         self.ref = {p for p in self.ref if p[0] != ns}  # nothing of it is served any more
         assert self.tree_prefixes() == self.ref
 

@@ -328,7 +328,7 @@ def test_a_damaged_store_is_moved_aside_and_a_fresh_one_opened(
     with open(store / "data.mdb", "r+b") as f:  # B-tree pages overwritten
         f.seek(2 * 4096)
         f.write(np.random.default_rng(0).bytes(4 * 4096))
-    with pytest.raises(StorageOpenError, match="MDB_CORRUPTED|MDB_PAGE_NOTFOUND"):
+    with pytest.raises(StorageOpenError, match="cannot open the LMDB store"):
         make_tiered(storage=store, on_open_error="strict")
     caplog.clear()
     cache = make_tiered(storage=store)  # comes up, on a fresh store
@@ -345,4 +345,31 @@ def test_a_damaged_store_is_moved_aside_and_a_fresh_one_opened(
     from radixcache.metrics import snapshot
 
     assert snapshot(cache)["storage_state"] == 1.0
+    cache.close()
+
+
+# ---------------------------------------------------------------- holds in check_integrity
+def test_check_integrity_checks_every_nodes_holds_against_the_live_jobs(tmp_path: Path) -> None:
+    cache = make_tiered(storage=tmp_path / "s")
+    gated = gate_storage(cache, gate_puts=True)
+    cache.release(prefill(cache, seq(0, 9)))
+    for move in cache.tiers.controller.jobs():  # type: ignore[attr-defined]
+        if move.kind.value == "device_to_host":
+            move.ticket.wait(10)
+    cache.poll()  # the backup landed; its store waits for the gate
+    (node,) = list(cache.tree.nodes())
+    assert node.holds == 1 and node.loading == 0  # the store's
+    cache.check_integrity()
+    node.holds += 1  # a hold no job accounts for
+    with pytest.raises(AssertionError, match="holds"):
+        cache.check_integrity()
+    node.holds -= 1
+    node.loading += 1  # a load mark without a load
+    with pytest.raises(AssertionError, match="holds/loading"):
+        cache.check_integrity()
+    node.loading -= 1
+    gated.gate.set()
+    cache.drain()
+    assert node.holds == 0
+    cache.check_integrity()
     cache.close()

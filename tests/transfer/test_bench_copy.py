@@ -35,5 +35,8 @@ def test_copy_benchmark_prints_one_json_object(capsys: pytest.CaptureFixture[str
 
 
 def test_copy_benchmark_refuses_more_pages_than_the_pools(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--pages", "8", "--host-pages", "4", "--layers", "1"]) == 2
-    assert "--pages must be in [1, 4]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--pages", "8", "--host-pages", "4", "--layers", "1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--pages must be in [1, 4]" in err and len(err.splitlines()) == 1

@@ -9,7 +9,7 @@ interleaved in the same run, and reports the ratios (target: >= 0.5). With
 CUDA it also times the CUDA engine's device-to-host and host-to-device copies
 against plain pinned copies of the same bytes (target: >= 0.8).
 
-    python -m radixcache.cli.bench copy [--quick] [--pages 64] [--repeat 7] ...
+    radixcache bench copy [--quick] [--pages 64] [--repeat 7] ...
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from radixcache.cli.options import non_negative_int, positive_int, power_of_two
+from radixcache.cli.parser import CliParser
 from radixcache.transfer.allocator import PageAllocator
 from radixcache.transfer.engine import CopyEngine, CpuCopyEngine
 from radixcache.transfer.host import HostKVBuffer
@@ -41,20 +43,31 @@ CUDA_TARGET = 0.8
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="radixcache.cli.bench.copy", description=__doc__.split("\n")[0])
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--pages", type=int, default=64, help="pages per copy")
-    p.add_argument("--device-pages", type=int, default=0, help="device pool (default 3x pages)")
-    p.add_argument("--host-pages", type=int, default=0, help="host pool (default 2x pages)")
-    p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--seed", type=int, default=0)
+    p = CliParser(prog="radixcache bench copy", description=__doc__)
+    p.add_argument("--layers", type=positive_int, default=32, help="model layers")
+    p.add_argument("--kv-heads", type=positive_int, default=8, help="KV heads per layer")
+    p.add_argument("--head-dim", type=positive_int, default=128, help="head dimension")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                   help="KV dtype")
+    p.add_argument("--page-size", type=power_of_two, default=16, help="tokens per page")
+    p.add_argument("--pages", type=positive_int, default=64, help="pages per copy")
+    p.add_argument("--device-pages", type=non_negative_int, default=0,
+                   help="device pool (0: 3x --pages)")
+    p.add_argument("--host-pages", type=non_negative_int, default=0,
+                   help="host pool (0: 2x --pages)")
+    p.add_argument("--repeat", type=positive_int, default=7, help="timed runs per figure")
+    p.add_argument("--seed", type=int, default=0, help="seed of the page choice")
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA part even with a GPU")
     p.add_argument("--quick", action="store_true", help="8 pages, 3 repeats: a smoke run")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.pages, args.repeat = 8, 3
+    args.device_pages = args.device_pages or 3 * args.pages
+    args.host_pages = args.host_pages or 2 * args.pages
+    if args.pages > min(args.device_pages, args.host_pages):
+        p.error(f"--pages must be in [1, {min(args.device_pages, args.host_pages)}] "
+                f"(the smaller pool), got {args.pages}")
+    return args
 
 
 def _seconds(fn: Callable[[], None]) -> float:
@@ -196,8 +209,6 @@ def _bench_cuda(
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    if args.quick:
-        args.pages, args.repeat = 8, 3
     spec = KVSpec(
         num_layers=args.layers,
         num_kv_heads=args.kv_heads,
@@ -205,14 +216,6 @@ def main(argv: list[str] | None = None) -> int:
         dtype=getattr(torch, args.dtype),
         page_size=args.page_size,
     )
-    args.device_pages = args.device_pages or 3 * args.pages
-    args.host_pages = args.host_pages or 2 * args.pages
-    if args.pages <= 0 or args.pages > min(args.device_pages, args.host_pages):
-        print(
-            f"--pages must be in [1, {min(args.device_pages, args.host_pages)}]",
-            file=sys.stderr,
-        )
-        return 2
     rng = np.random.default_rng(args.seed)
     result: dict[str, object] = {
         "benchmark": "copy",

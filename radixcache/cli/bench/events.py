@@ -1,4 +1,4 @@
-"""Event stream benchmark: ``python -m radixcache.cli.bench events [--quick]``.
+"""Event stream benchmark: ``radixcache bench events [--quick]``.
 
 Prints one JSON object. Stores come as 16-page ``BlockStored`` events (random
 63-bit hashes, token ids below a 128k vocabulary), ``--events-per-batch`` of
@@ -28,7 +28,6 @@ processes on a shared machine only ever slow a run down.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -46,6 +45,8 @@ if __name__ in ("__main__", "__mp_main__"):
 import msgpack
 import zmq
 
+from radixcache.cli.options import positive_int, positive_int_list
+from radixcache.cli.parser import CliParser
 from radixcache.events import (
     GPU,
     BatchEncoder,
@@ -325,15 +326,15 @@ def run(quick: bool, batch_sizes: list[int], repeat: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixcache.cli.bench events", description=__doc__)
+    parser = CliParser(prog="radixcache bench events", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
-    parser.add_argument("--events-per-batch", default="8,32", help="comma-separated sizes to measure")
-    parser.add_argument("--repeat", type=int, default=3, help="end-to-end runs per size; the best is reported")
+    parser.add_argument("--events-per-batch", type=positive_int_list, default=[8, 32],
+                        metavar="N,N,...", help="comma-separated batch sizes to measure")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="end-to-end runs per size; the best is reported")
     args = parser.parse_args(argv)
-    sizes = [int(x) for x in args.events_per_batch.split(",") if x.strip()]
-    if not sizes or min(sizes) <= 0:
-        parser.error("--events-per-batch needs positive integers")
-    json.dump(run(args.quick, sizes, max(1, args.repeat)), sys.stdout, indent=2)
+    sizes = args.events_per_batch
+    json.dump(run(args.quick, sizes, args.repeat), sys.stdout, indent=2)
     print()
     return 0
 

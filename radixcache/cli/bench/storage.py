@@ -25,7 +25,7 @@ Targets (docs: "Figures that count as fast"): LMDB writes >= 50% of the
 fsync'd sequential write rate; reads of cached pages >= 2 GB/s into host
 pages, and at least as fast as the one-file-per-page store.
 
-    python -m radixcache.cli.bench storage [--quick] [--total-mib 64] [--repeat 3]
+    radixcache bench storage [--quick] [--total-mib 64] [--repeat 3]
                                        [--specs small,realistic] [--dir PARENT]
 
 About seven seconds with the defaults on a 2-core machine; ``--quick`` about three.
@@ -33,7 +33,6 @@ About seven seconds with the defaults on a 2-core machine; ``--quick`` about thr
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -50,6 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixcache.cli.options import positive_int
+from radixcache.cli.parser import CliParser
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.storage import ModelFingerprint
 from radixcache.transfer.host import HostKVBuffer
@@ -298,13 +299,16 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="LMDB storage tier against plain files")
+    parser = CliParser(prog="radixcache bench storage", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="16 MiB, one run (smoke test)")
-    parser.add_argument("--total-mib", type=int, default=64, help="bytes of pages per figure")
-    parser.add_argument("--request-pages", type=int, default=16, help="pages per put/get")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
-    parser.add_argument("--specs", default="small,realistic", help=f"of {sorted(SPECS)}")
-    parser.add_argument("--dir", default=None, help="parent of the temporary directory")
+    parser.add_argument("--total-mib", type=positive_int, default=64,
+                        help="MiB of pages per figure")
+    parser.add_argument("--request-pages", type=positive_int, default=16, help="pages per put/get")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="runs per figure (median)")
+    parser.add_argument("--specs", default="small,realistic",
+                        help=f"comma-separated KV geometries, of {', '.join(sorted(SPECS))}")
+    parser.add_argument("--dir", default=None,
+                        help="parent of the temporary directory (default: the system's)")
     args = parser.parse_args(argv)
     try:
         report = run(

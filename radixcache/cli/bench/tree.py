@@ -1,4 +1,4 @@
-"""Tree benchmark: ``python -m radixcache.cli.bench tree [--quick] [--runs N] [--no-peer]``.
+"""Tree benchmark: ``radixcache bench tree [--quick] [--runs N] [--no-peer]``.
 
 Prints one JSON object. Page size 16 throughout, tokens given as int32 arrays.
 
@@ -17,7 +17,7 @@ admit/reserve/commit/release with events recorded and drained after every
 request, ``runs`` times, next to SGLang's ``UnifiedRadixCache`` with its Rust
 tree core (``radixcache.cli.bench.sglang_tree``, when importable), and the
 target table with pass/fail (``radixcache.cli.bench.tree_targets``). Pin to
-one core for figures: ``taskset -c 1 python -m radixcache.cli.bench tree``.
+one core for figures: ``taskset -c 1 python -m radixcache bench tree``.
 """
 
 from __future__ import annotations
@@ -421,16 +421,26 @@ def run(quick: bool, runs: int = 1, with_peer: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixcache.cli.bench tree", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
-    parser.add_argument("--runs", type=int, default=3, help="runs of the target figures (medians)")
+    parser = argparse.ArgumentParser(
+        prog="radixcache bench tree",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one run, no peer (smoke test)")
     parser.add_argument(
+        "--runs", type=int, default=None, help="runs of the target figures, medians (default 3; 1 with --quick)"
+    )
+    peer = parser.add_mutually_exclusive_group()
+    peer.add_argument("--peer", action="store_true", help="time SGLang's tree also with --quick")
+    peer.add_argument(
         "--no-peer", action="store_true", help="skip the SGLang baseline even if it is importable"
     )
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be >= 1")
-    json.dump(run(args.quick, args.runs, not args.no_peer), sys.stdout, indent=2)
+    runs = args.runs if args.runs is not None else (1 if args.quick else 3)
+    if runs < 1:
+        parser.error(f"--runs must be >= 1, got {runs}")
+    with_peer = args.peer or not (args.no_peer or args.quick)
+    json.dump(run(args.quick, runs, with_peer), sys.stdout, indent=2)
     print()
     return 0
 

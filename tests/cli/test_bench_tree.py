@@ -12,7 +12,7 @@ from radixcache.cli.bench import sglang_tree, tree, tree_targets
 
 
 def test_command_reports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
-    assert tree.main(["--quick", "--runs", "1", "--no-peer"]) == 0
+    assert tree.main(["--quick"]) == 0  # one run, no peer
     out = json.loads(capsys.readouterr().out)
     rows = out["targets"]["rows"]
     assert [r["figure"] for r in rows] == [t.label for t in tree_targets.TARGETS]

@@ -1,4 +1,4 @@
-"""The example command and the tree benchmark run end to end (no timing asserts)."""
+"""The tree benchmark runs end to end (no timing asserts)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,6 @@ import json
 import pytest
 
 from radixcache.cli.bench.tree import mixed_replay, run
-from radixcache.cli import main
-
-
-def test_example_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["example", "--chats", "3", "--turns", "2", "--decode", "4", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    assert "turn 2: hit ratio" in out
-    assert "integrity check passed" in out
 
 
 def test_tree_benchmark_quick_produces_every_figure() -> None:

@@ -1,0 +1,95 @@
+"""The command line's front door: how every subcommand parses and fails.
+
+A user mistake (a bad option value, a missing or malformed trace, a storage
+folder that cannot be used) ends in exactly one line on stderr and exit
+status 2::
+
+    radixcache demo: error: storage directory '/etc/passwd/x' is not writable: Not a directory
+
+Commands raise ``UsageError`` for such mistakes; ``CliParser`` reports
+argparse's own (unknown option, bad value) the same way, without the usage
+block argparse prints by default. A reader that closes the pipe early
+(``radixcache replay ... | head``) ends the command quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+USAGE_ERROR = 2  # exit status of every user mistake (argparse's, too)
+
+
+class UsageError(Exception):
+    """A mistake of the user's (options, input files, storage folder); the
+    message is shown as is, after ``<prog>: error:``."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions kept as written; every option's help ends with its default."""
+
+
+def describe(err: BaseException) -> str:
+    """An exception as the text after ``error:`` (no ``[Errno 2]`` prefix)."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.filename!r}: {err.strerror}" if err.filename else err.strerror
+    return str(err)
+
+
+def _one_line_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    parser.exit(USAGE_ERROR, f"{parser.prog}: error: {message} (see {parser.prog} -h)\n")
+
+
+class CliParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and whose help shows defaults."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        _one_line_error(self, message)
+
+
+@contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    """Parsers built inside this block by code that uses plain
+    ``argparse.ArgumentParser`` also report errors on one line."""
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _one_line_error  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original  # type: ignore[method-assign]
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe: send what is still buffered nowhere, so the
+    interpreter's final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (e.g. captured in a test)
+        pass
+    finally:
+        os.close(devnull)
+
+
+def run_guarded(prog: str, command: Callable[[], int]) -> int:
+    """Run ``command``; a UsageError becomes one line on stderr and status 2,
+    a closed stdout pipe a quiet status 0, Ctrl-C one line and status 130."""
+    try:
+        return command()
+    except UsageError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    except BrokenPipeError:
+        _silence_stdout()
+        return 0
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
