@@ -424,11 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="radixcache bench tree",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one run, no peer (smoke test)")
     parser.add_argument(
-        "--runs", type=int, default=None, help="runs of the target figures, medians (default 3; 1 with --quick)"
+        "--runs", type=int, default=None,
+        help="runs of the target figures, medians (None: 3, or 1 with --quick)"
     )
     peer = parser.add_mutually_exclusive_group()
     peer.add_argument("--peer", action="store_true", help="time SGLang's tree also with --quick")
