@@ -164,6 +164,19 @@ class RadixCache:
         c.hit_pages += req.num_pages
         return req
 
+    def peek(self, tokens: object, namespace: Namespace = DEFAULT_NAMESPACE) -> int:
+        """Tokens of ``tokens`` that ``admit`` would find on the device now.
+
+        Read-only and lock-free: nothing is locked, stamped or split, so a
+        scheduler may ask for many candidates and admit only some. The hit
+        may shrink before ``admit`` (eviction); host and storage hits are not
+        counted.
+        """
+        if not isinstance(namespace, Namespace):
+            raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
+        arr = as_tokens(tokens, "prompt")
+        return self.tree.peek(namespace, arr[: max(arr.size - 1, 0)])
+
     def reserve(self, req: Request, num_tokens: int) -> PageIds:
         """Make room for the KV of the next ``num_tokens`` positions.
 

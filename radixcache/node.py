@@ -52,6 +52,7 @@ class Node:
         "priority",
         "uid",
         "keys",
+        "ids",
         "heap_seq",
         "holds",
         "loading",
@@ -78,6 +79,7 @@ class Node:
         self.priority = 0  # highest priority of the requests that used it
         self.uid = uid  # creation tick: unique, also the FIFO order
         self.keys: bytes | None = None  # cached 16-byte page keys (a prefix of them, lazily)
+        self.ids: npt.NDArray[np.int64] | None = None  # cached event block ids (a prefix, lazily)
         self.heap_seq = -1  # sequence number of this node's newest eviction-heap entry
         self.holds = 0  # tier jobs in flight on its pages (a split copies it to both pieces)
         self.loading = 0  # of those, loads writing its device pages (no adoption meanwhile)

@@ -28,6 +28,19 @@ def as_tokens(tokens: object, what: str = "tokens") -> TokenArray:
     Raises TypeError for non-integer input and ValueError for wrong shapes or
     ids outside ``[0, 2**31)``.
     """
+    if (
+        type(tokens) is np.ndarray
+        and tokens.dtype == TOKEN_DTYPE
+        and tokens.ndim == 1
+        and tokens.flags.c_contiguous
+    ):
+        # The hot path: int32 ids cannot exceed MAX_TOKEN_ID, so one pass
+        # (the sign) is the whole check, and the array is used as it is.
+        if tokens.size and int(tokens.min()) < 0:
+            raise ValueError(
+                f"{what}: token id out of range [0, {MAX_TOKEN_ID}]: min {int(tokens.min())}"
+            )
+        return tokens
     if isinstance(tokens, np.ndarray):
         arr = tokens
     elif isinstance(tokens, torch.Tensor):

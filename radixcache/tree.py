@@ -158,6 +158,26 @@ class RadixTree:
             host_nodes=tuple(host_nodes),
         )
 
+    def peek(self, namespace: Namespace, tokens: TokenArray) -> int:
+        """Tokens of the longest device-resident cached prefix of ``tokens``
+        (whole pages) in ``namespace``.
+
+        Read-only: no lock, no recency or hit stamp, no split; what ``match``
+        would find on the device, for a scheduler that only wants the length.
+        """
+        p = self.page_size
+        n = tokens.size - tokens.size % p
+        node = self._roots.get(namespace)
+        pos = 0
+        while node is not None and pos < n:
+            child = node.children.get(tokens[pos : pos + p].tobytes())
+            if child is None or child.device is None:
+                break
+            matched = self._common_len(child.key, tokens, pos, n)
+            pos += matched
+            node = child if matched == child.key.size else None
+        return pos
+
     def _common_len(self, key: TokenArray, tokens: TokenArray, pos: int, n: int) -> int:
         """Tokens (page-aligned) that ``key`` shares with ``tokens[pos:n]``."""
         klen = key.size
@@ -191,6 +211,9 @@ class RadixTree:
             upper.keys = node.keys[: pages * KEY_BYTES]
             rest = node.keys[pages * KEY_BYTES :]
             node.keys = rest if rest else None
+        if node.ids is not None:  # likewise for event block ids
+            upper.ids = node.ids[:pages]
+            node.ids = node.ids[pages:] if node.ids.size > pages else None
         node.key = node.key[cut:]
         if node.device is not None:
             node.device = node.device[pages:]
@@ -367,9 +390,12 @@ class RadixTree:
         """Drop device pages of unlocked leaves until ``num_pages`` are freed.
 
         Leaves go in policy order; a parent whose last device child went
-        becomes a candidate. Whole nodes are evicted, so more pages than asked
-        may come back. ``before_drop(node)`` runs first for each victim (the
-        tiers back it up there when their policy says so). A victim keeps its
+        becomes a candidate. Eviction is page-granular where it can be: of
+        the last victim, only the tail pages still wanted are dropped when it
+        is a plain device leaf (see ``_tail_victim``); otherwise whole nodes
+        go, and more pages than asked may come back. ``before_drop(node)``
+        runs first for each victim (the tiers back it up there when their
+        policy says so). A victim keeps its
         place in the tree if it is resident below the device; otherwise it is
         removed, with its descendants (the lower tiers are told through
         ``discard``). Returns the released device page ids (the caller frees
@@ -392,6 +418,7 @@ class RadixTree:
             if key(node) != entry[:-2]:
                 self._push(node)  # touched since it was pushed
                 continue
+            node = self._tail_victim(node, num_pages - count)
             if before_drop is not None:
                 before_drop(node)
             if node.children and not lower.resident(node) and self._held_below(node):
@@ -404,6 +431,25 @@ class RadixTree:
             if node in self._evictable:
                 self._push(node)
         return EvictResult(_concat(dev))
+
+    def _tail_victim(self, node: Node, short: int) -> Node:
+        """The part of candidate ``node`` to evict when ``short`` pages are
+        still wanted: ``node`` itself, or, when it holds more than that and is
+        a plain device leaf (no children, nothing below the device refers to
+        it: no copy, no job), its last ``short`` pages, cut off by a split.
+
+        Page-granular eviction: a request for n pages frees about n pages
+        instead of a whole multi-page leaf. The head keeps the leaf's policy
+        fields (a split copies them), so it stays where the leaf stood in
+        eviction order and goes next if more pages are wanted; the tail pages
+        go first because no other sequence can use them without the head.
+        """
+        assert node.device is not None
+        have = int(node.device.size)
+        if short >= have or node.children or not self.lower.bare(node):
+            return node
+        self._split(node, have - short)  # ``node`` keeps its identity: now the tail
+        return node
 
     def _rebuild_heap(self) -> None:
         key = self.policy.key

@@ -116,7 +116,9 @@ def test_host_tier_serves_what_the_small_device_evicted(tmp_path: Path) -> None:
     assert (f.hit_device_tokens, f.hit_host_tokens, f.hit_storage_tokens) == (0, 2 * 1024, 0)
     assert f.saved_tokens == 2048 and f.failed_jobs == 0
     without = replay(trace, ReplayConfig(device_pages=4)).figures
-    assert without.hit_tokens == 0
+    # Device alone: eviction takes only the 2 pages wanted (a leaf's tail), so
+    # each repeat still finds its first page (512 tokens) on the device.
+    assert without.hit_tokens == 2 * 512 < f.saved_tokens
 
 
 def test_storage_tier_serves_what_host_dropped(tmp_path: Path) -> None:

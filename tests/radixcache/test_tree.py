@@ -109,7 +109,8 @@ def test_lru_eviction_order_leaf_first(tree: RadixTree) -> None:
     tree.insert(NS, seq(30, 8), pages(4, 5))  # C
     tree.match(NS, np.concatenate([base, seq(10, 4)]))  # touch A: most recent
     assert tree.evict(1).device_pages.tolist() == [3]  # B's leaf is least recent
-    assert tree.evict(1).device_pages.tolist() == [4, 5]  # then C (whole node)
+    assert tree.evict(1).device_pages.tolist() == [5]  # then C's tail page only
+    assert tree.evict(1).device_pages.tolist() == [4]  # C's head kept C's place in LRU order
     assert tree.evict(1).device_pages.tolist() == [2]  # then A's leaf
     assert tree.evict(1).device_pages.tolist() == [1]  # the shared page only once it is a leaf
     assert tree.device_pages == 0 and tree.node_count == 0

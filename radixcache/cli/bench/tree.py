@@ -1,15 +1,23 @@
-"""Tree benchmark: ``python -m radixcache.cli.bench tree [--quick]``.
+"""Tree benchmark: ``radixcache bench tree [--quick] [--runs N] [--no-peer]``.
 
-Prints one JSON object. Every figure of the real tree comes with the same
-figure for the naive baseline (``radixcache.cli.bench.naive``) measured in the
-same run, and their ratio. Page size 16 throughout, tokens given as int32
-arrays.
+Prints one JSON object. Page size 16 throughout, tokens given as int32 arrays.
 
+Tree level (``RadixTree`` + ``PageAllocator``, no events), each figure next
+to the naive baseline (``radixcache.cli.bench.naive``) in the same run:
 (a) insert of 4k-token requests sharing a 1k-token system prompt, then
-    multi-turn growth; (b) match of 4k and 32k prompts, full hit and full miss,
-    on a tree of ~100k pages; (c) evicting 10k pages; (d) a mixed multi-turn
-    replay (match + lock, make room, insert, unlock); (e) page hashes of a
-    32k-token prompt; (f) bookkeeping bytes per cached page (tracemalloc).
+multi-turn growth; (b) match of 4k and 32k prompts, full hit and full miss,
+on a tree of ~100k pages; (c) evicting 10k pages, their return to the pool
+included; (d) a mixed multi-turn replay (match + lock, make room, insert,
+unlock), also with events recorded and published; (e) page hashes of a
+32k-token prompt: event block ids, storage keys, naive; (f) bookkeeping
+bytes per cached page (tracemalloc).
+
+Public API (``radixcache.cli.bench.tree_api``): the same workload through
+admit/reserve/commit/release with events recorded and drained after every
+request, ``runs`` times, next to SGLang's ``UnifiedRadixCache`` with its Rust
+tree core (``radixcache.cli.bench.sglang_tree``, when importable), and the
+target table with pass/fail (``radixcache.cli.bench.tree_targets``). Pin to
+one core for figures: ``taskset -c 1 python -m radixcache bench tree``.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -26,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from radixcache.cli.bench import tree_targets
 from radixcache.cli.bench.naive import NaiveCache, naive_page_hashes
 from radixcache.eviction import make_eviction_policy
-from radixcache.hashing import chain_keys
+from radixcache.hashing import block_ids, chain_keys, namespace_seed
 from radixcache.namespace import DEFAULT_NAMESPACE as NS
 from radixcache.recorder import EventRecorder
 from radixcache.tree import RadixTree
@@ -151,11 +161,13 @@ def bench_match(tree: RadixTree, naive: NaiveCache, w: Workload, reps: int) -> d
 
 
 def bench_evict(w: Workload, pages_to_evict: int) -> dict[str, Any]:
+    """Evict from the tree and return the pages to the pool (both timed)."""
     tree = RadixTree(P, make_eviction_policy("lru"))
     pool = PageAllocator(len(w.first) * 320 + len(w.long) * 2048 + 1024)
     build(tree, pool, w)
+    before = pool.free_count
     t0 = time.perf_counter()
-    freed = tree.evict(pages_to_evict).device_pages
+    pool.free(tree.evict(pages_to_evict).device_pages)
     ours = time.perf_counter() - t0
     naive = NaiveCache(P)
     build_naive(naive, w)
@@ -163,7 +175,7 @@ def bench_evict(w: Workload, pages_to_evict: int) -> dict[str, Any]:
     naive.evict(pages_to_evict)
     base = time.perf_counter() - t0
     return {
-        "pages": int(freed.size),
+        "pages": pool.free_count - before,
         "ours_ms": round(ours * 1e3, 3),
         "naive_ms": round(base * 1e3, 3),
         "speedup": _ratio(base, ours),
@@ -207,18 +219,26 @@ def _replay_ours(
     return time.perf_counter() - t0, hit, total
 
 
-def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -> dict[str, Any]:
-    """Multi-turn chats: each request matches + locks, makes room, unlocks and
-    inserts (unlocking just before the insert, as ``RadixCache.commit`` does,
-    lets a chat's leaf grow in place)."""
+def replay_requests(conversations: int, turns: int, seed: int = 1) -> list[np.ndarray]:
+    """Multi-turn chats sharing a system prompt, turns interleaved at random:
+    each request's whole token sequence (each turn adds 256 tokens)."""
     rng = np.random.default_rng(seed)
     system = rng.integers(0, VOCAB, SYSTEM, dtype=np.int32)
     convs = [system.copy() for _ in range(conversations)]
     schedule = [c for _ in range(turns) for c in rng.permutation(conversations).tolist()]
-    seqs = []  # each request's whole token sequence, built before timing
+    seqs = []  # built before timing
     for c in schedule:
         convs[c] = np.concatenate([convs[c], rng.integers(0, VOCAB, 256, dtype=np.int32)])
         seqs.append(convs[c])
+    return seqs
+
+
+def mixed_replay(conversations: int, turns: int, capacity: int, seed: int = 1) -> dict[str, Any]:
+    """Multi-turn chats: each request matches + locks, makes room, unlocks and
+    inserts (unlocking just before the insert, as ``RadixCache.commit`` does,
+    lets a chat's leaf grow in place)."""
+    seqs = replay_requests(conversations, turns, seed)
+    schedule = seqs
 
     _replay_ours(seqs, capacity, events=None)  # warm-up: first-touch page faults
     _, hit, total = _replay_ours(seqs, capacity, events=None)
@@ -289,16 +309,21 @@ def _events_overhead(seqs: list[np.ndarray], capacity: int) -> dict[str, Any]:
 
 
 def bench_hash(reps: int) -> dict[str, Any]:
+    """Event block ids (vectorized) against storage keys (blake2b chain) and
+    the naive per-page sha256 of a pickle, for a 32k-token prompt."""
     toks = np.random.default_rng(2).integers(0, VOCAB, 32768, dtype=np.int32)
-    parent = bytes(16)
-    ours = _time_each(lambda _: chain_keys(parent, toks, P), reps)
+    seed = namespace_seed(NS.digest())
+    ids = _time_each(lambda _: block_ids(toks, P, None, seed), reps * 10)
+    keys = _time_each(lambda _: chain_keys(bytes(16), toks, P), reps)
     base = _time_each(lambda _: naive_page_hashes(toks, P), max(3, reps // 5))
-    o, b = _us(ours), _us(base)
+    i, k, b = (statistics.median(x) for x in (ids, keys, base))
+    pages = toks.size // P
     return {
-        "tokens": 32768,
-        "ours_ms": round(o["median_us"] / 1e3, 3),
-        "naive_sha256_pickle_ms": round(b["median_us"] / 1e3, 3),
-        "speedup": _ratio(b["median_us"], o["median_us"]),
+        "tokens": toks.size,
+        "block_ids_us_per_page": round(i / pages * 1e6, 4),
+        "storage_keys_blake2b_us_per_page": round(k / pages * 1e6, 4),
+        "naive_sha256_pickle_us_per_page": round(b / pages * 1e6, 4),
+        "block_ids_speedup_over_blake2b": _ratio(k, i),
     }
 
 
@@ -331,7 +356,10 @@ def bench_memory(w: Workload) -> dict[str, Any]:
     }
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, runs: int = 1, with_peer: bool = False) -> dict[str, Any]:
+    """Tree-level figures against the naive baseline (one run), then the
+    public API figures with events and, with ``with_peer``, SGLang's Rust tree
+    core, ``runs`` times each, with the target table."""
     conversations = 80 if quick else 450
     w = Workload(conversations, long_docs=4 if quick else 8)
     tree = RadixTree(P, make_eviction_policy("lru"))
@@ -345,30 +373,75 @@ def run(quick: bool) -> dict[str, Any]:
     }
     for v in ins.values():
         v["speedup"] = _ratio(v["naive"]["median_us"], v["ours"]["median_us"])
+    replay_sizes = {
+        "conversations": 60 if quick else 200,
+        "turns": 6 if quick else 10,
+        "capacity": 20_000 if quick else 60_000,
+    }
     result: dict[str, Any] = {
         "benchmark": "tree",
         "page_size": P,
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "tree_pages": tree.device_pages,
         "tree_nodes": tree.node_count,
+        "tree_level": "RadixTree and PageAllocator alone, no events, against the naive cache",
         "insert": ins,
         "match": bench_match(tree, naive, w, reps=300 if quick else 2000),
         "evict_10k_pages": bench_evict(w, 10_000 if not quick else 2_000),
-        "mixed_replay": mixed_replay(
-            conversations=60 if quick else 200,
-            turns=6 if quick else 10,
-            capacity=20_000 if quick else 60_000,
-        ),
+        "mixed_replay": mixed_replay(**replay_sizes),
         "page_hash_32k": bench_hash(reps=10 if quick else 40),
         "memory": bench_memory(w),
     }
+    del tree, pool, naive
+    sizes = tree_targets.Sizes(
+        conversations=conversations,
+        long_docs=len(w.long),
+        reps=300 if quick else 2000,
+        evictions=3,
+        replay_conversations=replay_sizes["conversations"],
+        replay_turns=replay_sizes["turns"],
+        replay_capacity=replay_sizes["capacity"],
+    )
+    seqs = replay_requests(replay_sizes["conversations"], replay_sizes["turns"])
+    make_peer, note = tree_targets.peer_factory(with_peer)
+    ours_runs: list[dict[str, float]] = []
+    peer_runs: list[dict[str, float]] = []
+    for _ in range(runs):
+        ours_runs.append(tree_targets.ours(w, seqs, sizes))
+        if make_peer is not None:
+            peer_runs.append(tree_targets.peer(make_peer, w, seqs, sizes))
+    result["public_api"] = {
+        "what": "RadixCache admit/reserve/commit/release, record_events=True, take_events() after every request",
+        "runs": ours_runs,
+    }
+    if peer_runs:
+        result["sglang_rust"] = {"what": note, "runs": peer_runs}
+    result["targets"] = tree_targets.table(ours_runs, peer_runs or None, note)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixcache bench tree", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
+    parser = argparse.ArgumentParser(
+        prog="radixcache bench tree",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one run, no peer (smoke test)")
+    parser.add_argument(
+        "--runs", type=int, default=None,
+        help="runs of the target figures, medians (None: 3, or 1 with --quick)"
+    )
+    peer = parser.add_mutually_exclusive_group()
+    peer.add_argument("--peer", action="store_true", help="time SGLang's tree also with --quick")
+    peer.add_argument(
+        "--no-peer", action="store_true", help="skip the SGLang baseline even if it is importable"
+    )
     args = parser.parse_args(argv)
-    json.dump(run(args.quick), sys.stdout, indent=2)
+    runs = args.runs if args.runs is not None else (1 if args.quick else 3)
+    if runs < 1:
+        parser.error(f"--runs must be >= 1, got {runs}")
+    with_peer = args.peer or not (args.no_peer or args.quick)
+    json.dump(run(args.quick, runs, with_peer), sys.stdout, indent=2)
     print()
     return 0
 

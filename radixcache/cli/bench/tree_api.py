@@ -1,0 +1,133 @@
+"""The tree benchmark's figures through the API a model runner calls.
+
+Every request goes ``admit -> reserve -> commit -> release`` on a
+``RadixCache`` (index and pools only, no KV tensors) with events recorded,
+and ``take_events()`` drains them after every request, as a router-facing
+runner does each step. Evictions are timed through ``RadixCache.evict``, so
+the pages' return to the pool and their ``BlockRemoved`` events count.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixcache.cache import CacheConfig, RadixCache
+from radixcache.transfer import KVSpec
+
+P = 16
+SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float16, page_size=P)
+
+
+def make_cache(capacity: int, record_events: bool = True) -> RadixCache:
+    """Index and page pool only (no KV tensors), events recorded."""
+    return RadixCache(
+        CacheConfig(spec=SPEC, device_pages=capacity, allocate_kv=False, record_events=record_events)
+    )
+
+
+def serve(cache: RadixCache, tokens: np.ndarray) -> int:
+    """One request through the runner's calls; returns its device hit tokens."""
+    req = cache.admit(tokens)
+    n = req.num_tokens - req.num_computed
+    cache.reserve(req, n)
+    cache.commit(req, n)
+    cache.release(req)
+    cache.take_events()
+    return req.cached_len
+
+
+def probe(cache: RadixCache, tokens: np.ndarray) -> None:
+    """A lookup as a runner makes it: admit (match + lock), release, drain."""
+    cache.release(cache.admit(tokens))
+    cache.take_events()
+
+
+def timed(fn: Callable[[int], object], n: int) -> list[float]:
+    out = []
+    clock = time.perf_counter
+    for i in range(n):
+        t0 = clock()
+        fn(i)
+        out.append(clock() - t0)
+    return out
+
+
+@dataclass(slots=True)
+class ApiBuild:
+    """A cache built by serving every first turn, second turn and long document."""
+
+    cache: RadixCache
+    first_s: list[float]  # each first turn (4k tokens, 1k shared system prompt)
+    second_s: list[float]  # each second turn (the first + 512 tokens)
+
+
+def build(capacity: int, first: list[np.ndarray], turns: list[np.ndarray], long: list[np.ndarray]) -> ApiBuild:
+    cache = make_cache(capacity)
+    first_s = timed(lambda i: serve(cache, first[i]), len(first))
+    seconds = [np.concatenate([a, b]) for a, b in zip(first, turns)]
+    second_s = timed(lambda i: serve(cache, seconds[i]), len(seconds))
+    for doc in long:
+        serve(cache, doc)
+    return ApiBuild(cache, first_s, second_s)
+
+
+def lookups(cache: RadixCache, cases: dict[str, list[np.ndarray]], reps: int) -> dict[str, list[float]]:
+    return {name: timed(lambda i: probe(cache, inputs[i % len(inputs)]), reps) for name, inputs in cases.items()}
+
+
+def evictions(cache: RadixCache, pages: int, times: int) -> list[tuple[float, int]]:
+    """``times`` consecutive evictions of ``pages`` pages: (seconds, pages freed)."""
+    out = []
+    for _ in range(times):
+        before = cache.pool.free_count
+        t0 = time.perf_counter()
+        cache.evict(pages)
+        cache.take_events()
+        out.append((time.perf_counter() - t0, cache.pool.free_count - before))
+    return out
+
+
+def replay(seqs: list[np.ndarray], capacity: int) -> tuple[float, float]:
+    """Serve every request in order; returns (seconds, device token hit ratio)."""
+    cache = make_cache(capacity)
+    hit = 0
+    total = 0
+    t0 = time.perf_counter()
+    for seq in seqs:
+        hit += serve(cache, seq)
+        total += seq.size
+    elapsed = time.perf_counter() - t0
+    cache.check_integrity()
+    return elapsed, hit / total
+
+
+def bytes_per_page(first: list[np.ndarray], turns: list[np.ndarray], long: list[np.ndarray], capacity: int) -> dict[str, Any]:
+    """tracemalloc of a cache built through the API (events on, drained),
+    the page pool included; per cached page, with and without its tokens."""
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    built = build(capacity, first, turns, long)
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    pages = built.cache.tree.device_pages
+    return {
+        "cached_pages": pages,
+        "pool_capacity_pages": capacity,
+        "bytes_per_page": round(used / pages, 1),
+        "bytes_per_page_without_tokens": round((used - pages * P * 4) / pages, 1),
+    }
+
+
+def us(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1e6, 2)

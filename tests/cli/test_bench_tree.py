@@ -1,0 +1,58 @@
+"""The tree benchmark's command, target table and optional peer (no timing asserts)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any
+
+import pytest
+
+from radixcache.cli.bench import sglang_tree, tree, tree_targets
+
+
+def test_command_reports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert tree.main(["--quick"]) == 0  # one run, no peer
+    out = json.loads(capsys.readouterr().out)
+    rows = out["targets"]["rows"]
+    assert [r["figure"] for r in rows] == [t.label for t in tree_targets.TARGETS]
+    for row in rows:
+        assert row["radixcache"] > 0 and row["absolute"] in ("pass", "fail")
+    assert out["targets"]["peer"] == "SGLang baseline not requested"
+    (run,) = out["public_api"]["runs"]
+    assert run["evict_pages_freed"] == 10_000  # page-granular: exactly what was asked
+    assert 0.5 < run["replay_hit_ratio"] < 1.0
+
+
+def test_table_takes_medians_and_per_run_ratios() -> None:
+    names = [t.figure for t in tree_targets.TARGETS]
+    ours = [dict.fromkeys(names, 10.0) | {"replay_req_per_s": r} for r in (30_000.0, 60_000.0, 40_000.0)]
+    peer = [dict.fromkeys(names, 40.0) | {"replay_req_per_s": r} for r in (10_000.0, 10_000.0, 20_000.0)]
+    table = tree_targets.table(ours, peer, "peer")
+    rows = {r["figure"]: r for r in table["rows"]}
+    replay = rows["mixed multi-turn replay"]
+    assert replay["radixcache"] == 40_000 and replay["sglang_rust"] == 10_000
+    assert replay["ratio_vs_sglang"] == 3.0  # median of 3, 6, 2
+    assert replay["absolute"] == "pass" and replay["ratio"] == "pass"
+    hit = rows["match (admit+release) 32k-token full hit"]
+    assert hit["ratio_vs_sglang"] == 4.0 and hit["absolute"] == "pass" and hit["ratio"] == "pass"
+    miss = rows["match 4k full miss"]
+    assert miss["absolute"] == "fail"  # 10 us > 3 us
+    alone = tree_targets.table(ours, None, "none")
+    assert alone["rows"][0]["ratio"] == "not measured (no peer)"
+
+
+def test_peer_is_skipped_with_the_reason_when_sglang_cannot_be_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SGLang is installed here; its absence is simulated (the only way to test it).
+    real = importlib.import_module
+
+    def no_sglang(name: str, *args: Any) -> Any:
+        if name == "sglang" or name.startswith("sglang."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(sglang_tree.importlib, "import_module", no_sglang)
+    make, note = sglang_tree.load()
+    assert make is None and note.startswith("sglang not importable: ModuleNotFoundError")
