@@ -334,8 +334,17 @@ class HostTiers:
         self, req: Request, start_page: int, before: Node | None, keep_private: PageIds | None = None
     ) -> None:
         """``req`` gives up its pending loads from page ``start_page`` on."""
-        lost = req.roll_back(self.tree, start_page, before, self.page_size, keep_private)
+        lost, dropped = req.roll_back(self.tree, start_page, before, self.page_size, keep_private)
         self.counters.abandoned_tokens += lost * self.page_size
+        # Private pages that left the table and that no job in flight writes
+        # (the rest of a short fetch, kept for the request to compute into)
+        # go back to the pool; a given-up job frees its own when it lands.
+        owned = self.job_device_pages()
+        if keep_private is not None:
+            owned = np.concatenate([owned, keep_private])
+        stray = np.setdiff1d(dropped, owned)
+        if stray.size:
+            self.free_device(stray.astype(dropped.dtype, copy=False))
 
     def resolve(self, req: Request) -> None:
         """Apply the prefetch policy to ``req``'s pending loads."""
