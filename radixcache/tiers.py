@@ -173,8 +173,10 @@ class HostTiers:
     # ------------------------------------------------------------------ admission
     def on_admit(self, req: Request, match: MatchResult, tokens: PageIds) -> None:
         """Start loading the host part of ``match`` and prefetching what storage
-        has beyond it. ``req`` holds the device part, locked."""
-        self._backup_hit_path(match.last_device_node)
+        has beyond it. ``req`` holds the device part, locked.
+
+        The load starts first: it holds its host nodes, so the host room a
+        hit-path backup makes cannot drop the copies it is about to read."""
         nodes: list[Node] = []
         for node in match.host_nodes:
             if node.loading:
@@ -182,6 +184,7 @@ class HostTiers:
             nodes.append(node)
         if nodes:
             self._start_load(req, nodes)
+        self._backup_hit_path(match.last_device_node)
         if len(nodes) == len(match.host_nodes):
             self._fetch_from_storage(req, tokens)
 

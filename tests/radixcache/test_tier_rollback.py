@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from radixcache import RadixCache, Request
@@ -89,4 +90,39 @@ def test_pages_after_a_short_fetch_go_back_when_the_load_is_given_up(
     cache.check_integrity()
     # Nothing leaked: everything not cached in the tree is free again.
     assert _free(cache) + cache.tree.device_pages == cache.pool.capacity
+    cache.close()
+
+
+# ------------------------------------------------- a hit-path backup vs the load
+def test_a_backup_on_hit_does_not_evict_the_host_pages_the_request_loads() -> None:
+    """The device part of a hit earns a host copy (``write_through_selective``)
+    while the host pool is full: making room must not drop the host-only pages
+    the same request is about to load back (they were its only copy; the load
+    read freed pages, or found none and raised)."""
+    from radixcache.offload.policy import make_write_policy
+
+    cache = make_tiered(device_pages=8, host_pages=2, write_policy="write_back")
+    whole = seq(0, 17)  # pages 0-3
+    other = np.concatenate([seq(0, 8), seq(500, 9)])  # shares pages 0-1, then its own
+    cache.release(prefill(cache, whole))
+    cache.release(prefill(cache, other))  # splits: pages 0-1, then two leaves
+    assert cache.evict(2) == 2  # the older leaf goes to the host (write-back): pool full
+    cache.drain()
+    tiers = cache.tiers
+    assert isinstance(tiers, HostTiers)
+    assert tiers.host.free_count == 0
+    tiers.write = make_write_policy("write_through_selective", threshold=1)
+    req = cache.admit(whole)  # device hit on pages 0-1 (backed up now), host hit on 2-3
+    assert req.hit_host == 8
+    compute(cache, req, whole.size - req.num_computed)
+    assert_kv_correct(cache, req)
+    cache.release(req)
+    cache.drain()
+    cache.check_integrity()
+    again = cache.admit(whole)
+    assert again.cached_len == 16
+    cache.reserve(again, 1)
+    assert_kv_correct(cache, again)
+    cache.release(again)
+    cache.check_integrity()
     cache.close()
