@@ -12,7 +12,10 @@ a position depends on its whole prefix, its namespace and the namespace's
 incarnation (the number of forgets before the request was admitted), so a
 page served for another prefix, tenant or a forgotten incarnation is caught;
 and no ``OutOfPagesError`` while free plus evictable pages covered the
-request. ``RADIXCACHE_TIER_PROFILE=long`` selects the long profile (and
+request. Recent prompts are asked again (also after a restart), so their
+pages come back from host or storage while other jobs are in flight. A
+failure prints its example's blob (``@reproduce_failure``) to replay it.
+``RADIXCACHE_TIER_PROFILE=long`` selects the long profile (and
 ``RADIXCACHE_TIER_EXAMPLES`` its number of runs); the steps run are written
 to ``RADIXCACHE_TIER_STEPS_FILE`` when set."""
 
