@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from radixcache.namespace import Namespace
 from radixcache.node import Node, PageIds, TokenArray
+
+
+class RollBack(NamedTuple):
+    """What ``Request.roll_back`` gave up."""
+
+    lost_pages: int  # table pages from ``start_page`` on that left the cached prefix
+    dropped: PageIds  # private pages that left the table (some may belong to jobs)
 
 
 class Locks(Protocol):
@@ -202,12 +209,15 @@ class Request:
         before: Node | None,
         page_size: int,
         keep_private: PageIds | None = None,
-    ) -> int:
+    ) -> RollBack:
         """Give up every pending load from page ``start_page`` on: the request
         recomputes from there. Its lock goes back to ``before``. With
         ``keep_private``, those device pages stay in the table as its own
-        (free to compute into). Returns the pages given up."""
+        (free to compute into). Returns the pages given up and the private
+        pages that left the table (the caller frees those no job owns: e.g.
+        the pages after a short fetch, which were the request's to compute)."""
         lost = self.num_pages - start_page
+        dropped = self._pages[max(start_page, self.shared_pages) : self.num_pages].copy()
         keep = next(i for i, j in enumerate(self.pending) if j.start_page >= start_page)
         for job in self.pending[keep:]:
             job.give_up()
@@ -218,7 +228,7 @@ class Request:
             self._append_pages(keep_private)
         self._set_cached(start_page, page_size)
         self.reserved_tokens = self.num_pages * page_size
-        return lost
+        return RollBack(lost, dropped)
 
     def add_pages(self, pages: PageIds, reserved_tokens: int) -> None:
         """Private pages reserved up to position ``reserved_tokens``."""

@@ -173,8 +173,10 @@ class HostTiers:
     # ------------------------------------------------------------------ admission
     def on_admit(self, req: Request, match: MatchResult, tokens: PageIds) -> None:
         """Start loading the host part of ``match`` and prefetching what storage
-        has beyond it. ``req`` holds the device part, locked."""
-        self._backup_hit_path(match.last_device_node)
+        has beyond it. ``req`` holds the device part, locked.
+
+        The load starts first: it holds its host nodes, so the host room a
+        hit-path backup makes cannot drop the copies it is about to read."""
         nodes: list[Node] = []
         for node in match.host_nodes:
             if node.loading:
@@ -182,6 +184,7 @@ class HostTiers:
             nodes.append(node)
         if nodes:
             self._start_load(req, nodes)
+        self._backup_hit_path(match.last_device_node)
         if len(nodes) == len(match.host_nodes):
             self._fetch_from_storage(req, tokens)
 
@@ -340,8 +343,17 @@ class HostTiers:
         self, req: Request, start_page: int, before: Node | None, keep_private: PageIds | None = None
     ) -> None:
         """``req`` gives up its pending loads from page ``start_page`` on."""
-        lost = req.roll_back(self.tree, start_page, before, self.page_size, keep_private)
+        lost, dropped = req.roll_back(self.tree, start_page, before, self.page_size, keep_private)
         self.counters.abandoned_tokens += lost * self.page_size
+        # Private pages that left the table and that no job in flight writes
+        # (the rest of a short fetch, kept for the request to compute into)
+        # go back to the pool; a given-up job frees its own when it lands.
+        owned = self.job_device_pages()
+        if keep_private is not None:
+            owned = np.concatenate([owned, keep_private])
+        stray = np.setdiff1d(dropped, owned)
+        if stray.size:
+            self.free_device(stray.astype(dropped.dtype, copy=False))
 
     def resolve(self, req: Request) -> None:
         """Apply the prefetch policy to ``req``'s pending loads."""

@@ -12,7 +12,10 @@ a position depends on its whole prefix, its namespace and the namespace's
 incarnation (the number of forgets before the request was admitted), so a
 page served for another prefix, tenant or a forgotten incarnation is caught;
 and no ``OutOfPagesError`` while free plus evictable pages covered the
-request. ``RADIXCACHE_TIER_PROFILE=long`` selects the long profile (and
+request. Recent prompts are asked again (also after a restart), so their
+pages come back from host or storage while other jobs are in flight. A
+failure prints its example's blob (``@reproduce_failure``) to replay it.
+``RADIXCACHE_TIER_PROFILE=long`` selects the long profile (and
 ``RADIXCACHE_TIER_EXAMPLES`` its number of runs); the steps run are written
 to ``RADIXCACHE_TIER_STEPS_FILE`` when set."""
 
@@ -193,6 +196,9 @@ class TieredMachine(RuleBasedStateMachine):
         )
         self.forgets = [0] * len(NAMESPACES)  # incarnation of each namespace
         self.meta: dict[int, tuple[int, int]] = {}  # rid -> (namespace, incarnation)
+        # Recent prompts per namespace (kept across restarts): asked again, they
+        # find their pages evicted to host or storage, so loads and fetches run.
+        self.prompts: list[list[list[int]]] = [[] for _ in NAMESPACES]
         self._open()
 
     def _open(self) -> None:
@@ -271,11 +277,15 @@ class TieredMachine(RuleBasedStateMachine):
 
     def _tokens(self, ns: int, body: list[int], pick: int) -> np.ndarray:
         nodes = [n for n in self.cache.tree.nodes() if n.namespace == NAMESPACES[ns]]
-        if nodes and pick % 3:
+        old = self.prompts[ns]
+        if old and pick % 2 == 0:
+            body = old[pick % len(old)] + body[:2]
+        elif nodes and pick % 3:
             body = path_tokens(nodes[pick % len(nodes)]) + body[:4]
         return np.asarray(body, dtype=np.int32)
 
     def _admit(self, ns: int, tokens: np.ndarray) -> Request:
+        self.prompts[ns] = (self.prompts[ns] + [tokens.tolist()])[-6:]
         req = self.cache.admit(tokens, NAMESPACES[ns])
         self.meta[req.rid] = (ns, self.forgets[ns])
         if req.pending:
@@ -397,6 +407,8 @@ class TieredMachine(RuleBasedStateMachine):
         c = self.tiers.counters
         if c.loaded_tokens:
             event("some load-back completed for its request")
+        if c.storage_hit_tokens:
+            event("some prompt was found in storage")
         if c.abandoned_tokens:
             event("some load was abandoned, failed or short")
         if self.storage.stats().evicted:
@@ -414,6 +426,7 @@ TieredMachine.TestCase.settings = settings(
     stateful_step_count=100 if LONG else 50,
     deadline=None,
     database=None,
+    print_blob=True,  # a failure prints @reproduce_failure(...): rerun exactly that example
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestTieredMachine = TieredMachine.TestCase
