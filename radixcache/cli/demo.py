@@ -159,9 +159,9 @@ def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore,
     elif store.path is not None and ts.storage.records:
         print(f"found {ts.storage.records} pages from an earlier run in {store.path}; "
               f"--fresh starts empty")
-    elif store.pool is not None and ts.storage.records:
-        print(f"the pool holds {ts.storage.records} records already (of any engine); pages of "
-              f"an earlier run with this seed are hits (--fresh removes the demo's pages)")
+    elif store.pool is not None and not store.scratch:
+        print("pages of the demo's tenants already in the pool (an earlier run's, another "
+              "engine's) are hits; --fresh removes them first")
     print(describe_events(publisher), flush=True)
     print(describe_workload(args))
     runner = Runner(cache, publisher, args.chunk)
