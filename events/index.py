@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar, overload
 from radixcache.events.types import (
     CPU_PINNED,
     DISK,
+    EXTERNAL,
     GPU,
     AllBlocksCleared,
     BlockRemoved,
@@ -48,7 +49,7 @@ WorkerId = Hashable  # whatever the router names its workers by
 PoolLookupFn = Callable[[Sequence[int], int, "int | None", "str | None"], "int | None"]
 W = TypeVar("W", bound=Hashable)  # the caller's own worker-id type, kept in answers
 
-_BIT: dict[str | None, int] = {GPU: 1, CPU_PINNED: 2, DISK: 4, None: 1}  # None means GPU
+_BIT: dict[str | None, int] = {GPU: 1, CPU_PINNED: 2, DISK: 4, EXTERNAL: 8, None: 1}  # None: GPU
 _SLOT: dict[int, int] = {1: 0, 2: 1, 4: 2}  # media bit -> index into per-medium refs
 _UP_TO_HOST = 1 | 2  # resident on GPU or CPU_PINNED
 _ROOT = bytes(8)  # local hash "before" a sequence's first block
@@ -424,7 +425,7 @@ class KvIndex:
             assert state.local_of.keys() == state.media_of.keys(), f"{w}: maps disagree"
             counts: tuple[dict[bytes, int], ...] = ({}, {}, {})
             for h, media in state.media_of.items():
-                assert media and not media & ~7, f"{w}: bad media bits {media} for {h}"
+                assert media and not media & ~15, f"{w}: bad media bits {media} for {h}"
                 for bit, slot in _SLOT.items():
                     if media & bit:
                         local = state.local_of[h]

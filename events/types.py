@@ -27,13 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-Medium = Literal["GPU", "CPU_PINNED", "DISK"]
+Medium = Literal["GPU", "CPU_PINNED", "DISK", "EXTERNAL"]
 
 GPU: Final = "GPU"  # device memory (HBM, or a CPU tensor without a GPU)
 CPU_PINNED: Final = "CPU_PINNED"  # pinned host memory (the host tier)
 DISK: Final = "DISK"  # committed to the local storage tier (LMDB)
+EXTERNAL: Final = "EXTERNAL"  # committed to a shared pool (a storage server)
 
-MEDIA: Final[tuple[Medium, ...]] = (GPU, CPU_PINNED, DISK)  # best tier first
+MEDIA: Final[tuple[Medium, ...]] = (GPU, CPU_PINNED, DISK, EXTERNAL)  # best tier first
 
 HASH_LIMIT: Final = 1 << 63  # block hashes are ints in [0, HASH_LIMIT)
 

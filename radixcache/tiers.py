@@ -150,6 +150,7 @@ class HostTiers:
             make_copy_engine(kv, self.host.buffer), self.host, storage.storage, kv.spec.page_bytes
         )
         self.storage_state = storage.state
+        index.storage_medium = storage.storage.medium  # who announces storage pages, and as what
         # Without a storage tier (NullStorage), the two storage steps are
         # no-ops chosen here once: no page keys are computed for lookups that
         # cannot hit, and no store jobs are started that commit nothing.
@@ -318,12 +319,14 @@ class HostTiers:
         # storage belongs to a ticket finished by now, so stores go out first.
         removed = self.storage.take_removed()
         done = self.controller.poll()
+        # after the harvest: every page of a finished put is listed by now
+        self.index.note_written(self.storage.take_written())
         for move in done:
             if not move.ok:
                 self.counters.failed_jobs += 1
                 _failures.warning("%s failed: %r", move.kind.value, move.ticket.error)
             move.owner.finish(move.ok)
-        self.index.recorder.removed_keys(removed, "DISK")
+        self.index.recorder.removed_keys(removed, self.storage.medium)
         return len(done)
 
     def may_land(self, namespace: Namespace, epoch: int) -> bool:
