@@ -45,6 +45,7 @@ from typing import Any, Generic, TypeVar, overload
 from radixcache.events.types import (
     CPU_PINNED,
     DISK,
+    EXTERNAL,
     GPU,
     AllBlocksCleared,
     BlockRemoved,

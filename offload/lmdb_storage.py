@@ -65,6 +65,7 @@ from dataclasses import dataclass
 import lmdb
 import numpy as np
 
+from radixcache.events.types import DISK, Medium
 from radixcache.offload import record as rec
 from radixcache.offload.lmdb_index import RecencyIndex
 from radixcache.offload.lmdb_reader import LmdbReader
@@ -167,6 +168,8 @@ class LmdbStorage:
     store once this one closed it, or died. Tensor-parallel ranks use one
     directory each.
     """
+
+    medium: Medium = DISK  # this engine's own store: it announces what it stores and reads
 
     def __init__(self, config: StorageConfig, spec: KVSpec, fingerprint: ModelFingerprint) -> None:
         if fingerprint.spec != spec.describe():
@@ -404,6 +407,9 @@ class LmdbStorage:
 
     def take_removed(self) -> list[bytes]:
         return self._writer.take_removed()
+
+    def take_written(self) -> list[bytes]:
+        return []  # DISK: the engine announces its pages from the put tickets
 
     def stats(self) -> StorageStats:
         return self._counters.snapshot(

@@ -39,6 +39,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.events.types import DISK, Medium
 from radixcache.offload.record import RecordMeta
 from radixcache.transfer.ticket import FutureTicket, Ticket
 
@@ -178,6 +179,13 @@ class Counters:
 class Storage(Protocol):
     """A persistent page store, keyed by page key, bound to one fingerprint."""
 
+    medium: Medium
+    """The event medium of its pages, which also says who announces them:
+    ``"DISK"``, a store of this engine's own: the engine announces every page
+    it stores or reads back; ``"EXTERNAL"``, a pool shared by engines: a page
+    is announced once, by the engine that wrote it (``take_written``), and
+    pages read back from it are not announced again."""
+
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
         """How many leading ``keys`` are committed to the store.
 
@@ -258,6 +266,13 @@ class Storage(Protocol):
         never stored do not appear. Hands the list over and clears it."""
         ...
 
+    def take_written(self) -> list[bytes]:
+        """Page keys this process wrote (not those a put found stored already)
+        since the last call, in order; a page is listed by the time its put
+        ticket finishes. Hands the list over and clears it. A ``DISK`` store
+        returns [] (the engine announces its pages from the put tickets)."""
+        ...
+
     def stats(self) -> StorageStats:
         """A snapshot of the counters."""
         ...
@@ -272,6 +287,8 @@ class Storage(Protocol):
 
 class NullStorage:
     """The storage tier when it is disabled: stores nothing, finds nothing."""
+
+    medium: Medium = DISK
 
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
         return 0
@@ -307,6 +324,9 @@ class NullStorage:
         return FutureTicket.completed(0)
 
     def take_removed(self) -> list[bytes]:
+        return []
+
+    def take_written(self) -> list[bytes]:
         return []
 
     def stats(self) -> StorageStats:

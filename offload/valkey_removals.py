@@ -53,14 +53,16 @@ class RemovalLog:
         with self._lock:
             self._inflight.update(keys)
 
-    def end_put(
-        self, keys: Iterable[bytes], stored: Iterable[bytes], written: Iterable[bytes]
-    ) -> None:
-        """A put ticket finished: ``stored`` (a prefix of ``keys``) are in the
-        pool; this process wrote ``written`` of them (the others were there)."""
+    def note_written(self, written: Iterable[bytes]) -> None:
+        """A put is about to finish: this process wrote ``written`` (the other
+        keys it stored were there already)."""
+        with self._lock:
+            self._written.extend(written)
+
+    def end_put(self, keys: Iterable[bytes], stored: Iterable[bytes]) -> None:
+        """A put ticket finished: ``stored`` (a prefix of ``keys``) are in the pool."""
         with self._lock:
             self._known.update(stored)
-            self._written.extend(written)
             self._inflight.subtract(keys)
             self._inflight += Counter()  # drops the zero counts
             if self._held:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radixcache.events.types import EXTERNAL, Medium
 from radixcache.offload import record as rec
 from radixcache.offload.storage import (
     MAX_KEY_BYTES,
@@ -90,7 +91,7 @@ class ValkeyStorage:
     only one that waits on the network (at most two round trips).
     """
 
-    medium = "EXTERNAL"  # the event medium of its pages (SGLang's name for a shared pool)
+    medium: Medium = EXTERNAL  # the event medium of its pages (SGLang's name for a shared pool)
 
     def __init__(self, config: ValkeyConfig, spec: KVSpec, fingerprint: ModelFingerprint) -> None:
         if not isinstance(config, ValkeyConfig):
@@ -269,7 +270,8 @@ class ValkeyStorage:
 
     def take_written(self) -> list[bytes]:
         """Page keys this process wrote into the pool since the last call (not
-        those a put found there), in order, once their put tickets finished:
+        those a put found there), in order; a page is listed by the time its
+        put ticket finishes:
         the pages whose ``BlockStored(medium=EXTERNAL)`` this engine publishes
         (each page once, by the engine that wrote it)."""
         return self._removals.take_written()

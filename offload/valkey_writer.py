@@ -171,7 +171,7 @@ class PoolWriter:
         if job.ticket is not None and not job.ticket.done():
             job.ticket.fail(exc)
         if isinstance(job, PutJob):
-            self._removals.end_put(job.pkeys, [], [])
+            self._removals.end_put(job.pkeys, [])
 
     # -- put ---------------------------------------------------------------------
     def _put(self, job: PutJob) -> None:
@@ -210,8 +210,11 @@ class PoolWriter:
                 self._counters.add(failed_ops=1)
         if last:
             self._counters.add(puts=progress.written, put_skipped=progress.skipped, write_txns=1)
+            # what it wrote is on record before the ticket says done, so the
+            # engine landing the put knows which pages to announce
+            self._removals.note_written(progress.wrote)
             job.ticket.finish(progress.stored)
-            self._removals.end_put(job.pkeys, job.pkeys[: progress.stored], progress.wrote)
+            self._removals.end_put(job.pkeys, job.pkeys[: progress.stored])
             self._after_job()
 
     def _count(self, replies: list[Any], progress: _PutProgress) -> bool:

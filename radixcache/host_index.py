@@ -27,6 +27,7 @@ import numpy as np
 
 from radixcache.node import EMPTY_PAGES, Node, PageIds
 from radixcache.offload.host import HostPool
+from radixcache.events.types import Medium
 from radixcache.recorder import Recorder
 
 CPU_PINNED: Final = "CPU_PINNED"  # the host medium, as the recorder names it
@@ -41,6 +42,12 @@ class HostIndex:
         self.page_size = page_size
         self.recorder = recorder
         self.host_pages = 0  # host pages held by nodes
+        # The storage tier's event medium (HostTiers sets it): DISK announces
+        # every page stored or read back; EXTERNAL (a shared pool) only the
+        # pages this engine wrote, which ``note_written`` collects and the
+        # landing store jobs take (``take_written``).
+        self.storage_medium: Medium = DISK
+        self._written: set[bytes] = set()
 
     # ------------------------------------------------------------------ LowerTiers
     def resident(self, node: Node) -> bool:
@@ -85,14 +92,40 @@ class HostIndex:
         """A node read back from storage: host ``pages``, stored."""
         self.attach(node, pages)
         node.stored = True
-        self.recorder.stored(node, 0, int(pages.size), DISK)  # announced to this publisher's consumers
+        if self.storage_medium == DISK:  # a shared pool's pages were announced by their writer
+            self.recorder.stored(node, 0, int(pages.size), DISK)  # to this publisher's consumers
 
-    def mark_stored(self, node: Node, start: int, count: int) -> None:
-        """Pages ``[start, start+count)`` of ``node`` were committed to storage."""
-        if count > 0:
+    def mark_stored(
+        self, node: Node, start: int, count: int, wrote: Sequence[bool] = ()
+    ) -> None:
+        """Pages ``[start, start+count)`` of ``node`` were committed to storage;
+        on a shared pool, ``wrote[i]`` says whether this engine wrote page
+        ``start + i`` (only those are announced)."""
+        if count > 0 and self.storage_medium == DISK:
             self.recorder.stored(node, start, count, DISK)
+        elif count > 0:
+            run = 0  # announce each run of pages this engine wrote
+            for i in range(count + 1):
+                if i < count and i < len(wrote) and wrote[i]:
+                    run += 1
+                elif run:
+                    self.recorder.stored(node, start + i - run, run, self.storage_medium)
+                    run = 0
         if start + count >= node.key.size // self.page_size:
             node.stored = True
+
+    def note_written(self, keys: Iterable[bytes]) -> None:
+        """Page keys this engine wrote into a shared pool (``Storage.take_written``)."""
+        self._written.update(keys)
+
+    def take_written(self, keys: Sequence[bytes]) -> list[bool]:
+        """For a landing store job: which of its ``keys`` this engine wrote
+        (forgotten here once taken)."""
+        if not self._written:
+            return [False] * len(keys)
+        wrote = [k in self._written for k in keys]
+        self._written.difference_update(keys)
+        return wrote
 
     def drop(self, node: Node) -> PageIds:
         """Remove ``node``'s host copy (host eviction); returns its pages, still

@@ -203,17 +203,20 @@ class StoreJob(TierJob):
         rt = self.rt
         nodes = self.held()
         rt.index.release(nodes)
+        wrote = rt.index.take_written(self.keys)  # (a shared pool: the pages to announce)
         if not ok or not rt.may_land(self.namespace, self.epoch):
             return  # (a forget waited for this write, then deleted what it wrote)
         if not rt.tree.is_attached(self.last):
             return
         committed = int(self.submitted.ticket.result())
+        offset = 0
         for node in nodes:
             n = int(node.key.size) // rt.page_size
             # A hint that spares a second write; storage may evict the pages
             # later (announced through take_removed), leaving it stale.
-            rt.index.mark_stored(node, 0, max(0, min(n, committed)))
+            rt.index.mark_stored(node, 0, max(0, min(n, committed)), wrote[offset : offset + n])
             committed -= n
+            offset += n
 
 
 class LoadJob(TierJob):

