@@ -22,7 +22,8 @@ one owner thread and starts no thread.
 
 Forgetting a namespace detaches its root: pages that requests or jobs still
 hold stay allocated under the detached root, invisible to ``match`` and
-``insert``, until ``sweep_detached`` finds them free.
+``insert``, until ``sweep_detached`` finds them free. Their removal is
+recorded at the forget; marked ``forgotten``, they report nothing after.
 """
 
 from __future__ import annotations
