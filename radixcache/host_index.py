@@ -79,6 +79,10 @@ class HostIndex:
             self.host_pages -= pages.size
             self.pool.free(pages)
 
+    def forgotten(self, node: Node) -> None:
+        if node.host is not None:
+            self.recorder.removed(node, CPU_PINNED)
+
     # ------------------------------------------------------------------ residency
     def attach(self, node: Node, pages: PageIds) -> None:
         """``node``'s pages now also live in host ``pages`` (owned from now on)."""

@@ -48,6 +48,12 @@ class LowerTiers(Protocol):
         """``node`` left the tree: release what it holds below the device."""
         ...
 
+    def forgotten(self, node: Node) -> None:
+        """``node``'s namespace was forgotten while something still holds it:
+        report now that its pages left the media below the device (it stays
+        allocated, silent, until it is discarded)."""
+        ...
+
 
 class NoLowerTiers:
     """A device-only tree: nothing lives below the device."""
@@ -68,4 +74,7 @@ class NoLowerTiers:
         pass
 
     def discard(self, node: Node) -> None:
+        pass
+
+    def forgotten(self, node: Node) -> None:
         pass

@@ -56,6 +56,7 @@ class Node:
         "heap_seq",
         "holds",
         "loading",
+        "forgotten",
     )
 
     def __init__(
@@ -83,6 +84,7 @@ class Node:
         self.heap_seq = -1  # sequence number of this node's newest eviction-heap entry
         self.holds = 0  # tier jobs in flight on its pages (a split copies it to both pieces)
         self.loading = 0  # of those, loads writing its device pages (no adoption meanwhile)
+        self.forgotten = False  # under a forgotten namespace's detached root: reports no events
 
     @property
     def is_root(self) -> bool:

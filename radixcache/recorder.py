@@ -38,7 +38,12 @@ def _ns_fields(ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
 
 
 class Recorder(Protocol):
-    """What the tree and the tiers report. Owner thread only."""
+    """What the tree and the tiers report. Owner thread only.
+
+    A ``forgotten`` node (left under a forgotten namespace's detached root
+    because something still holds it) was reported removed from every medium
+    when its namespace was forgotten: reports about it are dropped.
+    """
 
     def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
         """Pages ``[start, start+count)`` of ``node`` became resident on ``medium``."""
@@ -128,7 +133,7 @@ class EventRecorder:
         self._ns: dict[Namespace, tuple[str | None, tuple[Any, ...] | None]] = {}
 
     def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
-        if count <= 0:
+        if count <= 0 or node.forgotten:
             return
         keys = self._keys.page_keys(node)
         p = self._keys.page_size
@@ -170,6 +175,8 @@ class EventRecorder:
         )
 
     def removed(self, node: Node, medium: Medium) -> None:
+        if node.forgotten:
+            return
         self._remove(event_ids(self._keys.page_keys(node)), medium)
 
     def removed_keys(self, keys: Sequence[bytes], medium: Medium) -> None:

@@ -22,7 +22,8 @@ one owner thread and starts no thread.
 
 Forgetting a namespace detaches its root: pages that requests or jobs still
 hold stay allocated under the detached root, invisible to ``match`` and
-``insert``, until ``sweep_detached`` finds them free.
+``insert``, until ``sweep_detached`` finds them free. Their removal is
+recorded at the forget; marked ``forgotten``, they report nothing after.
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ class RadixTree:
         upper.last_access = node.last_access
         upper.hit_count = node.hit_count
         upper.priority = node.priority
+        upper.forgotten = node.forgotten
         if node.keys is not None:  # may cover only a prefix of the node
             upper.keys = node.keys[: pages * KEY_BYTES]
             rest = node.keys[pages * KEY_BYTES :]
@@ -537,6 +539,7 @@ class RadixTree:
             return None
         self._tick += 1
         leaf = Node(tokens.copy(), parent, namespace, self._tick)
+        leaf.forgotten = parent.forgotten
         parent.children[first] = leaf
         self.node_count += 1
         return leaf
@@ -593,7 +596,10 @@ class RadixTree:
         Held nodes (and so their ancestors) stay, under the namespace's root,
         which is detached: from now on ``match`` and ``insert`` see a fresh,
         empty namespace, and ``sweep_detached`` removes the held nodes once
-        nothing holds them any more.
+        nothing holds them any more. Every page of the namespace is reported
+        removed (from every medium) now, held ones included; the held nodes
+        are marked ``forgotten`` and report nothing more, so a later removal
+        cannot contradict the namespace's new pages (same keys).
         """
         root = self._roots.pop(namespace, None)
         if root is None:
@@ -602,6 +608,13 @@ class RadixTree:
         pending = self._prune(root, dev)
         if root.children:
             self._detached.append(root)
+            for kept in root.children.values():
+                for node in self._subtree(kept):
+                    if node.device is not None:
+                        self.recorder.removed(node, GPU)
+                    self.lower.forgotten(node)
+                    node.forgotten = True
+        root.forgotten = True
         d = _concat(dev)
         return ForgetResult(int(d.size), pending, d)
 

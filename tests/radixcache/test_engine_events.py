@@ -85,6 +85,8 @@ def engine_residency(cache: RadixCache) -> dict[str, set[int]]:
     tree = cache.tree
     out: dict[str, set[int]] = {"GPU": set(), "CPU_PINNED": set(), "DISK": set()}
     for node in tree.nodes():
+        if node.forgotten:  # held after a forget: invisible, announced gone at the forget
+            continue
         hashes = block_hashes(tree.page_keys(node))
         if node.device is not None:
             out["GPU"].update(hashes)
@@ -222,6 +224,66 @@ def test_extending_a_leaf_announces_only_new_pages_with_parent() -> None:
     assert first.token_ids == [0, 1, 2, 3] and second.token_ids == [4, 100, 101, 102]
     assert second.parent_block_hash == first.block_hashes[-1]
     cache.release(req)
+
+
+def test_forget_while_held_never_removes_the_recomputed_pages(tmp_path: Path) -> None:
+    """A live request holds pages of ``ns`` across forget_namespace(ns); the
+    same prompt is recomputed and announced (same block ids); the old
+    holder's release must not announce their removal, and a router applying
+    the stream in order must hold exactly the engine's residency."""
+    cache = make_cache(tmp_path / "store", "write_through")
+    index = KvIndex(IndexConfig(block_size=P))
+    ns = NAMESPACES[1]
+    prompt = np.arange(13, dtype=np.int32)  # three whole pages
+    log: list[KvEvent] = []
+
+    def publish() -> list[KvEvent]:
+        events = cache.take_events()
+        for event in events:
+            index.apply_event("engine", event)
+        log.extend(events)
+        return events
+
+    old = cache.admit(prompt, ns)
+    compute(cache, old, 13)
+    cache.drain()  # host copies and storage records land
+    publish()
+    ids = {h for n in cache.tree.nodes() for h in block_hashes(cache.tree.page_keys(n))}
+    assert len(ids) == 3
+    assert ids <= index.resident("engine", "GPU") and ids <= index.resident("engine", "CPU_PINNED")
+
+    assert cache.forget_namespace(ns) == 3  # held by the live request
+    gone = publish()
+    for medium in ("GPU", "CPU_PINNED"):
+        assert any(
+            isinstance(e, BlockRemoved) and e.medium == medium and ids <= set(e.block_hashes)
+            for e in gone
+        ), medium
+
+    new = cache.admit(prompt, ns)
+    assert new.num_computed == 0  # nothing of the forgotten namespace is served
+    compute(cache, new, 13)
+    cache.drain()
+    announced = publish()
+    assert any(isinstance(e, BlockStored) and e.medium == "GPU" and ids <= set(e.block_hashes)
+               for e in announced)
+    mark = len(log)
+
+    cache.release(old)  # the forgotten pages go now, silently
+    cache.drain()
+    cache.poll()
+    publish()
+    late = [e for e in log[mark:] if isinstance(e, BlockRemoved) and ids & set(e.block_hashes)]
+    assert late == []
+    assert cache.tree.detached_count == 0
+    assert cache.tree.device_pages == 3  # only the new request's pages
+    cache.check_integrity()
+    engine = engine_residency(cache)
+    assert ids <= engine["GPU"]
+    assert router_residency(index) == engine
+    index.check_integrity()
+    cache.release(new)
+    cache.close()
 
 
 # ---------------------------------------------------------------- conformance and restarts
