@@ -82,6 +82,7 @@ from radixcache.offload.storage import (
     StorageOpenError,
     StorageStats,
     TokenPages,
+    check_pages,
 )
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import FutureTicket, Ticket
@@ -470,30 +471,6 @@ class LmdbStorage:
         host_pages: HostPages,
     ) -> tuple[list[bytes], TokenPages | None, HostPages]:
         """Validate a get/put call; returns record keys and private copies."""
-        if host.page_bytes != self.spec.page_bytes:
-            raise ValueError(
-                f"the page buffer has pages of {host.page_bytes} B; storage pages "
-                f"({self.spec.describe()}) are {self.spec.page_bytes} B"
-            )
         rkeys = self._record_keys(keys)
-        n, p = len(rkeys), self.spec.page_size
-        pages = np.asarray(host_pages)
-        if pages.shape != (n,) or pages.dtype.kind not in "iu":
-            raise ValueError(
-                f"host_pages must be an int array of shape ({n},), got {pages.dtype} {pages.shape}"
-            )
-        if n and (int(pages.min()) < 0 or int(pages.max()) >= host.num_pages):
-            raise ValueError(
-                f"host page ids must lie in [0, {host.num_pages}): "
-                f"min {pages.min()}, max {pages.max()}"
-            )
-        if tokens is None:
-            return rkeys, None, pages.astype(np.int32)
-        toks = np.asarray(tokens)
-        if toks.shape != (n, p) or toks.dtype.kind not in "iu":
-            raise ValueError(
-                f"tokens must be an int array of shape ({n}, {p}), got {toks.dtype} {toks.shape}"
-            )
-        if n and (int(toks.min()) < -(2**31) or int(toks.max()) >= 2**31):
-            raise ValueError("token ids must fit in int32")
-        return rkeys, toks.astype(np.int32), pages.astype(np.int32)
+        toks, pages = check_pages(len(rkeys), tokens, host, host_pages, self.spec, "storage")
+        return rkeys, toks, pages

@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from radixcache.events.types import DISK, Medium
 from radixcache.offload.record import RecordMeta
+from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import FutureTicket, Ticket
 
 KEY_BYTES = 16  # length of a page key from the radix tree
@@ -334,3 +335,42 @@ class NullStorage:
 
     def close(self) -> None:
         return None
+
+
+def check_pages(
+    n: int,
+    tokens: TokenPages | None,
+    host: PageBuffer,
+    host_pages: HostPages,
+    spec: KVSpec,
+    what: str,
+) -> tuple[TokenPages | None, HostPages]:
+    """Validate the pages of a ``get``/``put`` of ``n`` keys against a
+    backend's ``spec`` (``what``: "storage" or "pool", for messages); returns
+    private int32 copies of ``tokens`` (None for raw pages) and ``host_pages``.
+    Raises ValueError naming the problem."""
+    if host.page_bytes != spec.page_bytes:
+        raise ValueError(
+            f"the page buffer has pages of {host.page_bytes} B; {what} pages "
+            f"({spec.describe()}) are {spec.page_bytes} B"
+        )
+    pages = np.asarray(host_pages)
+    if pages.shape != (n,) or pages.dtype.kind not in "iu":
+        raise ValueError(
+            f"host_pages must be an int array of shape ({n},), got {pages.dtype} {pages.shape}"
+        )
+    if n and (int(pages.min()) < 0 or int(pages.max()) >= host.num_pages):
+        raise ValueError(
+            f"host page ids must lie in [0, {host.num_pages}): min {pages.min()}, max {pages.max()}"
+        )
+    if tokens is None:
+        return None, pages.astype(np.int32)
+    p = spec.page_size
+    toks = np.asarray(tokens)
+    if toks.shape != (n, p) or toks.dtype.kind not in "iu":
+        raise ValueError(
+            f"tokens must be an int array of shape ({n}, {p}), got {toks.dtype} {toks.shape}"
+        )
+    if n and (int(toks.min()) < -(2**31) or int(toks.max()) >= 2**31):
+        raise ValueError("token ids must fit in int32")
+    return toks.astype(np.int32), pages.astype(np.int32)

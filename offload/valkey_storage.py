@@ -52,6 +52,7 @@ from radixcache.offload.storage import (
     StorageError,
     StorageStats,
     TokenPages,
+    check_pages,
 )
 from radixcache.offload.valkey_config import ValkeyConfig
 from radixcache.offload.valkey_reader import PoolReader
@@ -351,32 +352,7 @@ class ValkeyStorage:
         self, n: int, tokens: TokenPages | None, host: PageBuffer, host_pages: HostPages
     ) -> tuple[TokenPages | None, HostPages]:
         """Validate a get/put call; returns private copies of tokens and page ids."""
-        if host.page_bytes != self.spec.page_bytes:
-            raise ValueError(
-                f"the page buffer has pages of {host.page_bytes} B; pool pages "
-                f"({self.spec.describe()}) are {self.spec.page_bytes} B"
-            )
-        pages = np.asarray(host_pages)
-        if pages.shape != (n,) or pages.dtype.kind not in "iu":
-            raise ValueError(
-                f"host_pages must be an int array of shape ({n},), got {pages.dtype} {pages.shape}"
-            )
-        if n and (int(pages.min()) < 0 or int(pages.max()) >= host.num_pages):
-            raise ValueError(
-                f"host page ids must lie in [0, {host.num_pages}): "
-                f"min {pages.min()}, max {pages.max()}"
-            )
-        if tokens is None:
-            return None, pages.astype(np.int32)
-        p = self.spec.page_size
-        toks = np.asarray(tokens)
-        if toks.shape != (n, p) or toks.dtype.kind not in "iu":
-            raise ValueError(
-                f"tokens must be an int array of shape ({n}, {p}), got {toks.dtype} {toks.shape}"
-            )
-        if n and (int(toks.min()) < -(2**31) or int(toks.max()) >= 2**31):
-            raise ValueError("token ids must fit in int32")
-        return toks.astype(np.int32), pages.astype(np.int32)
+        return check_pages(n, tokens, host, host_pages, self.spec, "pool")
 
 
 def _text(value: object) -> str:
