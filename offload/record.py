@@ -176,27 +176,39 @@ def read_into(
     h = _header(value)
     if h is None:
         return False
-    _m, _v, flags, crc, count, kv_bytes, _seq, tag, _b, _p, _d, klen, ilen = h
-    t = 0 if tokens is None else int(tokens.size)
-    raw = bool(flags & FLAG_RAW)
-    if raw != (tokens is None) or count != t or kv_bytes != dst.size:
+    kv_at = len(value) - dst.size  # the head ends where the KV bytes begin
+    if kv_at < HEADER.size or not _head_matches(value[:kv_at], h, key, ns_tag, tokens, dst.size):
         return False
-    tok_at = HEADER.size + klen + ilen
-    kv_at = tok_at + 4 * t
-    if len(value) != kv_at + dst.size or klen != len(key):
+    np.copyto(dst.reshape(-1), np.frombuffer(value, dtype=np.uint8, offset=kv_at))
+    return zlib.crc32(dst.reshape(-1).data, zlib.crc32(memoryview(value)[_COVERED:kv_at])) == h[3]
+
+
+def _head_matches(
+    head: bytes | memoryview,
+    h: tuple[int, ...],
+    key: bytes,
+    ns_tag: bytes | None,
+    tokens: npt.NDArray[np.int32] | None,
+    kv_size: int,
+) -> bool:
+    """Every check of a record but its checksum, on its head (every byte
+    before the KV bytes) and parsed header ``h``: version-2 layout of exactly
+    this length, written under ``key``, for ``ns_tag`` (None: not known),
+    holding ``tokens`` (None: a raw page) and ``kv_size`` KV bytes."""
+    _m, _v, flags, _crc, count, kv_bytes, _seq, tag, _b, _p, _d, klen, ilen = h
+    t = 0 if tokens is None else int(tokens.size)
+    if bool(flags & FLAG_RAW) != (tokens is None) or count != t or kv_bytes != kv_size:
+        return False
+    if len(head) != head_size(klen, ilen, t) or klen != len(key):
         return False  # truncated, padded, or another key's length
-    view = memoryview(value)
-    if view[HEADER.size : HEADER.size + klen] != key:
+    if memoryview(head)[HEADER.size : HEADER.size + klen] != key:
         return False  # stored under another key than it was written for
     if ns_tag is not None and tag != ns_tag:
         return False  # another tenant's page
-    src = np.frombuffer(value, dtype=np.uint8)
-    if tokens is not None and not np.array_equal(
-        src[tok_at:kv_at].view("<i4"), tokens.reshape(-1)
-    ):
-        return False
-    np.copyto(dst.reshape(-1), src[kv_at:])
-    return zlib.crc32(dst.reshape(-1).data, zlib.crc32(view[_COVERED:kv_at])) == crc
+    return tokens is None or np.array_equal(
+        np.frombuffer(head, dtype="<i4", count=t, offset=HEADER.size + klen + ilen),
+        tokens.reshape(-1),
+    )
 
 
 def read_meta(value: memoryview | bytes) -> RecordMeta | None:
@@ -302,22 +314,6 @@ def verify_parts(
     ``head`` (every byte before the KV bytes) and ``kv`` (the KV bytes, e.g.
     received straight into a host page). Same checks, no copy."""
     h = _header(head)
-    if h is None:
+    if h is None or not _head_matches(head, h, key, ns_tag, tokens, kv.size):
         return False
-    _m, _v, flags, crc, count, kv_bytes, _seq, tag, _b, _p, _d, klen, ilen = h
-    t = 0 if tokens is None else int(tokens.size)
-    if bool(flags & FLAG_RAW) != (tokens is None) or count != t or kv_bytes != kv.size:
-        return False
-    if len(head) != head_size(klen, ilen, t) or klen != len(key):
-        return False
-    view = memoryview(head)
-    if view[HEADER.size : HEADER.size + klen] != key:
-        return False
-    if ns_tag is not None and tag != ns_tag:
-        return False
-    if tokens is not None and not np.array_equal(
-        np.frombuffer(head, dtype="<i4", count=t, offset=HEADER.size + klen + ilen),
-        tokens.reshape(-1),
-    ):
-        return False
-    return zlib.crc32(kv.reshape(-1).data, zlib.crc32(view[_COVERED:])) == crc
+    return zlib.crc32(kv.reshape(-1).data, zlib.crc32(memoryview(head)[_COVERED:])) == h[3]
