@@ -50,7 +50,6 @@ from radixcache.events.types import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    EXTERNAL,
     EventBatch,
     KvEvent,
     Medium,

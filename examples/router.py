@@ -143,7 +143,10 @@ def run_router() -> int:
             (sub.next_seq(w.worker_id) or 0) < upto[str(w.worker_id)] for w in workers
         ):
             sub.poll(50)
-        sub.poll(200)
+        # then until the streams fall quiet: a gap found by the last live batch
+        # is repaired from replay after it
+        while time.monotonic() < deadline and sub.poll(500):
+            pass
         prompts = {
             "legal doc 1 + question (on legal's host)": np.concatenate(
                 [SYSTEM["legal"], document("legal", 1), tokens(900, 48)]),

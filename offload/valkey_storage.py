@@ -38,7 +38,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 
 from radixcache.events.types import EXTERNAL, Medium
 from radixcache.offload import record as rec

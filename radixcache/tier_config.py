@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from radixcache.offload.controller import LatencyHistogram
 from radixcache.offload.host import HostPoolConfig
 from radixcache.offload.lmdb_open import StorageOpening
-from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache.offload.storage_url import StorageTarget, open_backend, storage_config
-from radixcache.offload.valkey_config import ValkeyConfig
 from radixcache.offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
 from radixcache.offload.storage import ModelFingerprint, NullStorage, StorageStats
 from radixcache.transfer import KVSpec

@@ -24,7 +24,7 @@ from radixcache.transfer.contract import (
 from radixcache.transfer.convert import PagePairs, check_buffers, copy_device_to_host, copy_host_to_device
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import DeviceKVBuffer
-from radixcache.transfer.ticket import FutureTicket, Ticket
+from radixcache.transfer.ticket import FutureTicket
 
 __all__ = [
     "CopyEngine",

@@ -40,7 +40,6 @@ later prompt; with ``--decode`` they only take room, as real outputs would.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -60,7 +59,7 @@ from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache.offload.policy import make_prefetch_policy, make_write_policy
 from radixcache.cache import CacheConfig, RadixCache
 from radixcache.errors import OutOfPagesError
-from radixcache.eviction import eviction_policy_names, make_eviction_policy
+from radixcache.eviction import make_eviction_policy
 from radixcache.tiers import HostTiers, TierConfig
 from radixcache.tokens import TokenArray
 from radixcache.transfer import KVSpec
