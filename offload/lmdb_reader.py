@@ -1,11 +1,13 @@
 """The LMDB read path: a small thread pool that reads, verifies and copies pages.
 
     get(keys) --> pool thread:
-                    read txn (MVCC: never waits for the writer)
+                    one read txn for the batch (MVCC: never waits for the writer)
                     for each key, in order:
                         value = txn.get(key)          zero-copy view of the map
-                        verify layout and tokens, copy KV into the host page,
+                        verify layout and tokens, copy KV into the host page
+                        (numpy, straight from the map: no bytes object),
                         checksum the copy             offload/record.py
+                                                      (v3: offload/kv_checksum.py)
                     stop at the first miss or failed check
                   then: touch the hits (recency), queue the deletion of a
                   failed record on the writer, count, finish the ticket

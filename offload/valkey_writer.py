@@ -1,9 +1,10 @@
 """The pool's write path: an encoder thread and a sender thread.
 
     put / delete / forget  --> queue --> encoder thread --> sender thread:
-                                         per chunk of batch_pages pages, one
-                                         pipeline [SADD ns-index keys..., SET
-                                         key record NX EX ttl ...]
+                                         per chunk of batch_pages pages (and
+                                         at most ~16 MiB), one pipeline
+                                         [SADD ns-index keys..., SET key
+                                         record NX EX ttl ...]
 
 A put's index entries go first in its pipeline, so a connection lost half way
 leaves at most index entries without records (harmless: ``forget_namespace``
@@ -37,6 +38,11 @@ from radixcache.transfer.ticket import FutureTicket
 log = logging.getLogger(__name__)
 
 _AHEAD = 4  # put chunks encoded ahead of the sender at most
+# A put chunk holds at most this many KV bytes (and at least one page), so
+# that the sender starts on the first chunk while the encoder checksums the
+# next: 64 pages of 2 MiB in one chunk would be checksummed whole (~10 ms
+# here) before the first byte went out. Each chunk costs one round trip.
+_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(slots=True)
@@ -179,10 +185,11 @@ class PoolWriter:
         host_bytes = job.host.as_bytes()
         progress = _PutProgress()
         n = len(job.rkeys)
-        for start in range(0, n, self._batch):
-            keys = job.rkeys[start : start + self._batch]
+        step = max(1, min(self._batch, _CHUNK_BYTES // max(1, host_bytes.shape[1])))
+        for start in range(0, n, step):
+            keys = job.rkeys[start : start + step]
             values = self._encode(job, start, len(keys), host_bytes)
-            self._send(self._send_chunk, job, progress, keys, values, start + self._batch >= n)
+            self._send(self._send_chunk, job, progress, keys, values, start + step >= n)
 
     def _send_chunk(
         self,

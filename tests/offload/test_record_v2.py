@@ -1,4 +1,4 @@
-"""Storage record v2: a record proves it belongs to the key and namespace it is
+"""Storage records (v3, as v2 before): a record proves it belongs to the key and namespace it is
 read under; raw pages (engine keys, no token ids); event metadata for scan()."""
 
 from __future__ import annotations

@@ -10,16 +10,20 @@ drift from run to run::
     lmdb            LmdbStorage.put of --request-pages pages per request, all
                     queued at once ("safe": a synced commit per write batch);
                     LmdbStorage.get of the same requests into host pages, with
-                    the records in the OS page cache (checksums verified)
+                    the records in the OS page cache (checksums verified), on
+                    the store's two reader threads (the default) and, as
+                    ``lmdb_1_reader``, on one (like the plain file loop)
 
 Writes run in interleaved rounds (seq, file-per-page, LMDB safe, LMDB fast,
 then again), after one untimed warm-up round, so that the disk's drift weighs
 on all alike; each figure is the median round, and ``ratios_fastest_runs``
 compares the fastest rounds (on a shared machine interference only adds time).
 
-Reads of pages in the OS page cache also time ``file_per_page_crc32`` (the
-file read plus the zlib crc32 a record's read verifies) and ``crc32_only``
-(that checksum over pages already in memory: the floor of a verified read).
+Reads of pages in the OS page cache also time ``file_per_page_checksum``
+(the file read plus the KV checksum a record v3's read verifies,
+offload/kv_checksum.py), ``checksum_only`` (that checksum over pages already
+in memory) and ``crc32_only`` (zlib's crc32 over them: what a record v2's
+read verified).
 
 Targets (docs: "Figures that count as fast"): LMDB writes >= 50% of the
 fsync'd sequential write rate; reads of cached pages >= 2 GB/s into host
@@ -51,6 +55,7 @@ import torch
 
 from radixcache.cli.options import positive_int
 from radixcache.cli.parser import CliParser
+from radixcache.offload.kv_checksum import kv_checksum
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.storage import ModelFingerprint
 from radixcache.transfer.host import HostKVBuffer
@@ -131,32 +136,39 @@ def _bench_spec(
             with open(fpp_dir / f"{i}.page", "rb", buffering=0) as f:
                 f.readinto(out[i].data)
 
-    def fpp_read_crc() -> None:
+    def fpp_read_checksum() -> None:
         for i in range(n):
             with open(fpp_dir / f"{i}.page", "rb", buffering=0) as f:
                 f.readinto(out[i].data)
-            zlib.crc32(out[i].data)
+            kv_checksum(out[i])
+
+    def checksum_only() -> None:
+        for i in range(n):
+            kv_checksum(raw[i])
 
     def crc_only() -> None:
         for i in range(n):
             zlib.crc32(raw[i].data)
 
-    def lmdb_open(durability: str) -> Callable[[], None]:
+    def lmdb_open(durability: str, which: str, readers: int = 2) -> Callable[[], None]:
+        """Opens a fresh store named ``which`` (a key of ``stores``)."""
+
         def setup() -> None:
-            if durability in stores:
-                stores.pop(durability).close()
-            path = root / f"{name}-lmdb-{durability}"
+            if which in stores:
+                stores.pop(which).close()
+            path = root / f"{name}-lmdb-{which}"
             _fresh(path)
             config = StorageConfig(
-                path=path, capacity_bytes=2 * nbytes + (64 << 20), durability=durability
-            )
-            stores[durability] = LmdbStorage(config, spec, fingerprint)
+                path=path, capacity_bytes=2 * nbytes + (64 << 20), durability=durability,
+                num_readers=readers,
+            )  # fmt: skip
+            stores[which] = LmdbStorage(config, spec, fingerprint)
 
         return setup
 
-    def lmdb_write(durability: str) -> Callable[[], None]:
+    def lmdb_write(which: str) -> Callable[[], None]:
         def run() -> None:
-            store = stores[durability]
+            store = stores[which]
             tickets = [
                 store.put(
                     keys[j : j + request], tokens[j : j + request], src, pages[j : j + request], b""
@@ -169,9 +181,9 @@ def _bench_spec(
 
         return run
 
-    def lmdb_read(durability: str) -> Callable[[], None]:
+    def lmdb_read(which: str) -> Callable[[], None]:
         def run() -> None:
-            store = stores[durability]
+            store = stores[which]
             tickets = [
                 store.get(
                     keys[j : j + request], tokens[j : j + request], dst, pages[j : j + request]
@@ -189,8 +201,8 @@ def _bench_spec(
     writes: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
         "seq_fsync": (seq_write, lambda: _fresh(seq_dir)),
         "file_per_page": (fpp_write, lambda: _fresh(fpp_dir)),
-        "lmdb_safe": (lmdb_write("safe"), lmdb_open("safe")),
-        "lmdb_fast": (lmdb_write("fast"), lmdb_open("fast")),
+        "lmdb_safe": (lmdb_write("safe"), lmdb_open("safe", "safe")),
+        "lmdb_fast": (lmdb_write("fast"), lmdb_open("fast", "fast")),
     }
     write_s: dict[str, list[float]] = {k: [] for k in writes}
     for round_ in range(repeat + 1):  # round 0 warms up (its first LMDB runs are slow here)
@@ -199,21 +211,26 @@ def _bench_spec(
             if round_:
                 write_s[method].append(seconds)
     # Reads of pages in the OS page cache (each warmed and checked first).
-    # ``file_per_page_crc32`` adds to the plain file read the checksum a
-    # record's read verifies (zlib crc32 of the page); ``crc32_only`` is that
-    # checksum alone over pages already in memory: the floor of a verified read.
+    # ``file_per_page_checksum`` adds to the plain file read the KV checksum a
+    # record's read verifies; ``checksum_only`` and ``crc32_only`` time the
+    # record v3 and v2 checksums alone over pages already in memory. One more
+    # store, written once untimed, reads on one reader thread.
+    lmdb_open("fast", "1_reader", readers=1)()
+    lmdb_write("1_reader")()
     reads = {
         "file_per_page": fpp_read,
-        "file_per_page_crc32": fpp_read_crc,
+        "file_per_page_checksum": fpp_read_checksum,
+        "checksum_only": checksum_only,
         "crc32_only": crc_only,
         "lmdb_safe": lmdb_read("safe"),
         "lmdb_fast": lmdb_read("fast"),
+        "lmdb_1_reader": lmdb_read("1_reader"),
     }
     read_s: dict[str, list[float]] = {k: [] for k in reads}
     for method, run in reads.items():
         out[:] = 0
         run()
-        if method != "crc32_only":
+        if not method.endswith("_only"):
             assert np.array_equal(out, raw), f"{method} read back wrong bytes"
     for _ in range(repeat):  # interleaved rounds, as for writes
         for method, run in reads.items():
@@ -246,8 +263,11 @@ def _bench_spec(
             "lmdb_read_vs_file_per_page": round(
                 r["lmdb_safe"]["gb_per_s"] / r["file_per_page"]["gb_per_s"], 3
             ),
-            "lmdb_read_vs_file_per_page_crc32": round(
-                r["lmdb_safe"]["gb_per_s"] / r["file_per_page_crc32"]["gb_per_s"], 3
+            "lmdb_1_reader_read_vs_file_per_page": round(
+                r["lmdb_1_reader"]["gb_per_s"] / r["file_per_page"]["gb_per_s"], 3
+            ),
+            "lmdb_read_vs_file_per_page_checksum": round(
+                r["lmdb_safe"]["gb_per_s"] / r["file_per_page_checksum"]["gb_per_s"], 3
             ),
         },
         "ratios_fastest_runs": {

@@ -1,0 +1,79 @@
+"""The KV checksum of a storage record (version 3): a 2-D sum code, folded by crc32.
+
+A page's KV bytes are read as little-endian 64-bit words, laid out in rows
+of 512 words (4 KiB); the bytes after the last full row are the tail::
+
+             col 0    col 1   ...   col 511
+    row 0    w[0]     w[1]    ...   w[511]      --> row sum 0
+    row 1    w[512]   w[513]  ...   w[1023]     --> row sum 1
+    ...
+    row R-1  ...                                --> row sum R-1
+               |        |             |
+               v        v             v
+             col sum 0 ...          col sum 511
+    tail     n mod 4096 bytes, taken as they are
+
+    checksum = crc32(row sums || column sums || tail), each sum a
+               little-endian uint64 (sums wrap modulo 2**64)
+
+Why: two numpy reductions (row sums, column sums) run at memory speed,
+where zlib's crc32 runs at ~7 GB/s on this machine; only the summary
+(8 B per 4 KiB row, plus 4 KiB of column sums and the tail) goes through
+crc32, ~1 us for a 2 MiB page.
+
+What it catches, beyond the 2**-32 chance that the final crc32 collides:
+
+* any change to one word (a flipped bit changes a word by +-2**k, never 0
+  modulo 2**64): its row sum changes;
+* any change confined to one row or one column that does not sum to 0
+  there, any number of bits;
+* two unequal words swapped: in one row, their column sums change; in one
+  column, their row sums change; anywhere else, both;
+* two 4 KiB rows swapped or one copied over another (unless the two rows
+  have equal sums): the row sums change order or value;
+* any change to the tail (crc32 of its bytes: every burst up to 32 bits);
+* truncation and padding: the record's lengths are checked before this.
+
+What it misses: changes that keep every row sum and every column sum, e.g.
++d and -d on two words of one row together with -d and +d on the same two
+columns of another row, or a permutation of equal words. It is an
+accident detector, not a MAC: anyone who can write the store can forge a
+matching checksum. Records also carry and check the full key (keys are
+blake2b digests of the tokens), the namespace tag, the token ids and the
+model fingerprint; those are compared, not summed.
+
+Numpy reduces unaligned buffers correctly (more slowly: an LMDB value's KV
+bytes need not be 8-aligned); readers sum the copy in the host page, which
+is aligned.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import numpy.typing as npt
+
+ROW_WORDS = 512  # 64-bit words per row
+ROW_BYTES = 8 * ROW_WORDS  # 4 KiB
+_WORDS = np.dtype("<u8")  # explicit: records move between machines
+
+
+def kv_checksum(kv: npt.NDArray[np.uint8], start: int = 0) -> int:
+    """The checksum of the bytes of ``kv`` in C order (a host page: one
+    contiguous block), chained onto ``start`` (a crc32 value, e.g. of the
+    record's head) the way ``zlib.crc32(data, start)`` chains. Reads ``kv``;
+    mutates nothing."""
+    flat = kv.reshape(-1)
+    rows = flat.size // ROW_BYTES
+    crc = start
+    if rows:
+        words = flat[: rows * ROW_BYTES].view(_WORDS).reshape(rows, ROW_WORDS)
+        # einsum's row sums run ~1.4x faster here than words.sum(axis=1)
+        row_sums = np.einsum("ij->i", words)
+        crc = zlib.crc32(row_sums.astype(_WORDS, copy=False), crc)
+        crc = zlib.crc32(words.sum(axis=0).astype(_WORDS, copy=False), crc)
+    if flat.size > rows * ROW_BYTES:
+        crc = zlib.crc32(flat[rows * ROW_BYTES :].data, crc)
+    return crc
+
