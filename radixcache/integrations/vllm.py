@@ -22,7 +22,7 @@ and are harvested, never waited for, in ``get_finished_jobs``::
 Doing (1) before (2) keeps each key's events in their real order: a key is
 reported removed only after the put that stored it was reported (see
 ``PageStore.take_removed``). Every loaded chunk is verified (full key,
-fingerprint, crc32); a chunk that fails is not served: its job fails with the
+fingerprint, checksum); a chunk that fails is not served: its job fails with the
 leading keys that did load, and its record is deleted and reported removed.
 After a restart the store's index is rebuilt from disk, so lookups hit at
 once, and the first ``take_events`` announces the surviving keys as stored.
