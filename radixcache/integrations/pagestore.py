@@ -4,8 +4,8 @@ vLLM and SGLang key their KV pages themselves (a 36-byte block hash, a 64-hex
 SHA-256 chain) and hand over page bytes, never token ids. ``PageStore`` puts
 those pages into radixcache storage as raw records (``radixcache.offload.record``,
 flag ``raw``): every record carries the full key it was written under and a
-checksum of its bytes (record v3: see the README), and its key is bound to a ``ModelFingerprint`` built from
-the engine, the model and the page format, so a read that returns True
+checksum of its bytes (record v3, see the README), and its key is bound to a
+``ModelFingerprint`` built from the engine, the model and the page format, so a read that returns True
 returned exactly the bytes written under that key for that model, and nothing
 else (a copied, truncated or flipped record is a miss and is deleted).
 
