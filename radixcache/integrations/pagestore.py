@@ -5,9 +5,9 @@ SHA-256 chain) and hand over page bytes, never token ids. ``PageStore`` puts
 those pages into radixcache storage as raw records (``radixcache.offload.record``,
 flag ``raw``): every record carries the full key it was written under and a
 checksum of its bytes (record v3, see the README), and its key is bound to a
-``ModelFingerprint`` built from the engine, the model and the page format, so a read that returns True
-returned exactly the bytes written under that key for that model, and nothing
-else (a copied, truncated or flipped record is a miss and is deleted).
+``ModelFingerprint`` built from the engine, the model and the page format,
+so a read that returns True returned exactly the bytes written under that key
+for that model, and nothing else (a copied, truncated or flipped record is a miss and is deleted).
 
 Pages move between the store and a caller-owned buffer of fixed-size chunks
 (``RawPages``: a memoryview, array or tensor, or a raw pointer and size)::
