@@ -74,6 +74,22 @@ def share_out(nodes: list[Node], pages: PageIds, page_size: int) -> list[tuple[N
     return out
 
 
+def pieces(last: Node, pages: int, page_size: int) -> list[Node]:
+    """The nodes, in path order, that now hold a run of ``pages`` pages
+    ending with ``last``'s last page (a node split while a job was in
+    flight became a chain of pieces)."""
+    out: list[Node] = []
+    node: Node | None = last
+    while pages > 0:
+        assert node is not None and node.parent is not None, "job pages outside the tree"
+        out.append(node)
+        pages -= node.key.size // page_size
+        node = node.parent
+    assert pages == 0, "a job's run does not end on a node boundary"
+    out.reverse()
+    return out
+
+
 class TierJob(ABC):
     """One page move in flight. Created and finished on the owner thread."""
 
@@ -146,7 +162,7 @@ class BackupJob(TierJob):
         self._submitted(rt.controller.backup(node.device.copy(), host_pages, self))
 
     def held(self) -> list[Node]:
-        return self.rt.tree.pieces(self.last, self.pages)
+        return pieces(self.last, self.pages, self.rt.page_size)
 
     def lock(self) -> Node | None:
         return self.last
@@ -164,7 +180,7 @@ class BackupJob(TierJob):
             return
         for node, pages in share_out(nodes, self.submitted.host_pages, rt.page_size):
             rt.index.attach(node, pages)
-        if rt.tree.is_attached(self.last):  # a forgotten namespace stores nothing
+        if rt.tree.below.is_attached(self.last):  # a forgotten namespace stores nothing
             rt.store(nodes)
 
 
@@ -193,7 +209,7 @@ class StoreJob(TierJob):
         )
 
     def held(self) -> list[Node]:
-        return self.rt.tree.pieces(self.last, self.pages)
+        return pieces(self.last, self.pages, self.rt.page_size)
 
     def before_forget(self, namespace: Namespace) -> None:
         if namespace == self.namespace:
@@ -206,7 +222,7 @@ class StoreJob(TierJob):
         wrote = rt.index.take_written(self.keys)  # (a shared pool: the pages to announce)
         if not ok or not rt.may_land(self.namespace, self.epoch):
             return  # (a forget waited for this write, then deleted what it wrote)
-        if not rt.tree.is_attached(self.last):
+        if not rt.tree.below.is_attached(self.last):
             return
         committed = int(self.submitted.ticket.result())
         offset = 0
@@ -255,7 +271,7 @@ class LoadJob(TierJob):
         self.req = None
 
     def held(self) -> list[Node]:
-        return self.rt.tree.pieces(self.last, self.pages)
+        return pieces(self.last, self.pages, self.rt.page_size)
 
     def lock(self) -> Node | None:
         return self.last
@@ -277,7 +293,7 @@ class LoadJob(TierJob):
         )
         if ok:
             for node, pages in share_out(nodes, device, rt.page_size):
-                rt.tree.attach_device(node, pages)
+                rt.tree.below.attach_device(node, pages)
         else:
             rt.free_device(device)
         req = self.req
@@ -425,10 +441,10 @@ class FetchJob(TierJob):
         these pages meanwhile; else None."""
         rt = self.rt
         parent = self.parent
-        if parent is not None and not rt.tree.is_attached(parent):
+        if parent is not None and not rt.tree.below.is_attached(parent):
             return None
         end = self.start + int(host_pages.size) * rt.page_size
-        leaf = rt.tree.add_leaf(self.namespace, parent, self.tokens[self.start : end])
+        leaf = rt.tree.below.add_leaf(self.namespace, parent, self.tokens[self.start : end])
         if leaf is None:
             return None
         rt.index.attach_stored(leaf, np.array(host_pages, dtype=np.int32))

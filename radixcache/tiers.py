@@ -303,7 +303,7 @@ class HostTiers:
                 break
             freed = self.index.drop(node)
             if node.device is None:
-                self.tree.remove_leaf(node)
+                self.tree.below.remove_leaf(node)
             self.host.free(freed)
             self.counters.host_evicted_pages += int(freed.size)
             short -= int(freed.size)
@@ -316,7 +316,7 @@ class HostTiers:
         if self._deferred_stores:
             stores, self._deferred_stores = self._deferred_stores, []
             for node in stores:
-                if self.tree.is_attached(node) and not node.holds:
+                if self.tree.below.is_attached(node) and not node.holds:
                     self.store([node])
         # Removals go out before what this poll harvests: a key evicted and
         # then written again must end up stored. A key whose store (or fetch)
