@@ -2,7 +2,8 @@
 
 ``HostTiers`` decides, with the write and prefetch policies, when pages move
 between device, host and storage, and starts one tier job per move
-(radixcache/jobs.py: each job owns its holds and applies its own result).
+(radixcache/jobs.py, write_jobs.py, load_jobs.py: each job owns its holds
+and applies its own result).
 ``poll()``, on the owner thread, is the only place async results enter the
 tree: it calls ``finish`` on every finished job. ``NullTiers`` is the
 device-only cache: every hook does nothing.
@@ -22,7 +23,9 @@ from typing import Protocol
 import numpy as np
 
 from radixcache.host_index import HostIndex
-from radixcache.jobs import BackupJob, FetchJob, LoadJob, StoreJob, TierJob
+from radixcache.jobs import TierJob
+from radixcache.load_jobs import FetchJob, LoadJob
+from radixcache.write_jobs import BackupJob, StoreJob
 from radixcache.namespace import Namespace
 from radixcache.node import EMPTY_PAGES, InsertResult, MatchResult, Node, PageIds
 from radixcache.offload.controller import JobKind, OffloadController
