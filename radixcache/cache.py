@@ -32,7 +32,9 @@ from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
 from radixcache.survivors import announce_survivors
 from radixcache.tier_config import open_storage
-from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
+from radixcache.tier_config import TierConfig, TierStats
+from radixcache.tier_hooks import NullTiers, Tiers
+from radixcache.tiers import HostTiers
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
 from radixcache.tree_check import device_page_ids
