@@ -138,7 +138,8 @@ def run_router() -> int:
             proc.stdin.write("beat\n")
             proc.stdin.flush()
             upto[kind] = int(proc.stdout.readline().split()[1])
-        deadline = time.monotonic() + 10
+        # a bound for a broken setup only: a loaded machine may need seconds
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(
             (sub.next_seq(w.worker_id) or 0) < upto[str(w.worker_id)] for w in workers
         ):
@@ -147,6 +148,8 @@ def run_router() -> int:
         # is repaired from replay after it
         while time.monotonic() < deadline and sub.poll(500):
             pass
+        if time.monotonic() >= deadline:
+            print("warning: the engines' streams did not settle in 60 s", file=sys.stderr)
         prompts = {
             "legal doc 1 + question (on legal's host)": np.concatenate(
                 [SYSTEM["legal"], document("legal", 1), tokens(900, 48)]),
