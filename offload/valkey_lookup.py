@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from radixcache.offload.storage import ModelFingerprint, StorageError
 from radixcache.offload.valkey_config import ValkeyConfig
@@ -83,16 +84,17 @@ class PrefixProbe:
 class PoolLookup:
     """The router's view of the pool: leading pages of a request it holds.
 
-    ``keys_of(tokens, block_size, lora_id, lora_name)`` returns the engines'
-    page keys for the request's full pages (e.g. built from
-    ``radixcache.hashing``'s storage keys and the namespace). Thread-safe.
+    ``keys_of(tokens, block_size, lora_id, lora_name, cache_salt,
+    extra_keys)`` returns the engines' page keys for the request's full pages
+    under the namespace those fields name (``radixcache.routing_keys``
+    builds one for radixcache engines). Thread-safe.
     """
 
     def __init__(
         self,
         config: ValkeyConfig,
         fingerprint: ModelFingerprint,
-        keys_of: Callable[[Sequence[int], int, int | None, str | None], list[bytes]],
+        keys_of: Callable[..., list[bytes]],
     ) -> None:
         self._link = PoolLink(config)
         self._probe = PrefixProbe(self._link)
@@ -105,12 +107,15 @@ class PoolLookup:
         block_size: int,
         lora_id: int | None = None,
         lora_name: str | None = None,
+        cache_salt: str | None = None,
+        extra_keys: Sequence[Any] | None = None,
     ) -> int | None:
-        """Leading full blocks of ``tokens`` in the pool; None if the pool cannot answer."""
+        """Leading full blocks of ``tokens`` in the pool under the namespace
+        the wire fields name; None if the pool cannot answer."""
         try:
-            keys = self._keys_of(tokens, block_size, lora_id, lora_name)
+            keys = self._keys_of(tokens, block_size, lora_id, lora_name, cache_salt, extra_keys)
             return self._probe.leading([self._prefix + key for key in keys])
-        except (StorageError, ValueError) as exc:
+        except (StorageError, ValueError, TypeError) as exc:
             log.warning("pool query failed (%s); routing on the index alone", exc)
             return None
 

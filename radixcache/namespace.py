@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,22 @@ class Namespace:
         salt = self.wire_salt()
         entry = ((salt,) if salt is not None else ()) + self.extra_keys
         return entry or None
+
+    @classmethod
+    def from_wire(
+        cls,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        extra_keys: Sequence[ExtraKey] | None = None,
+    ) -> Namespace:
+        """The namespace of a request as events and routers name it: the salt
+        is taken as the string it is on the wire (a bytes salt published as
+        ``"hex:..."`` does not map back to itself), ``extra_keys`` are the
+        namespace's own extra keys (without the salt)."""
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be str, got {type(cache_salt).__name__}")
+        return cls(cache_salt, lora_id, lora_name, tuple(extra_keys or ()))
 
     def to_info(self) -> bytes:
         """Compact bytes that ``from_info`` turns back into this namespace

@@ -1,8 +1,8 @@
 """Routing that counts the shared pool: ``KvIndex(pool_lookup=PoolLookup(...))``.
 
 The router computes the engines' page keys from a request's tokens and
-namespace (``radixcache.hashing.chain_keys`` under the namespace digest, as
-the tree does), asks the pool how many leading pages it holds, and discounts
+namespace as the wire names it (``radixcache.routing_keys.request_keys``:
+``chain_keys`` under the namespace digest, as the tree does), asks the pool how many leading pages it holds, and discounts
 the prefill of the pages past each worker's own overlap (Dynamo's
 ``hits_beyond(overlap) * shared_cache_multiplier``). A failed pool query
 falls back to index-only scoring with a warning.
@@ -23,6 +23,7 @@ from radixcache.events.types import GPU, BlockStored
 from radixcache.hashing import chain_keys, split_keys
 from radixcache.offload.valkey_config import ValkeyConfig
 from radixcache.offload.valkey_lookup import PoolLookup
+from radixcache.routing_keys import pool_lookup, request_keys
 
 if TYPE_CHECKING:
     from conftest import PoolKit
@@ -32,10 +33,26 @@ BS = 4  # tokens per block (the conftest's page size)
 
 
 def engine_keys(tokens: Sequence[int], block_size: int, lora_id: int | None, lora_name: str | None) -> list[bytes]:
-    """The engines' page keys of a request's full blocks (the tree's chained keys)."""
+    """The engines' page keys of a request's full blocks, computed here
+    independently of ``request_keys`` (the tree's chained keys)."""
     ns = Namespace(lora_id=lora_id, lora_name=lora_name)
     full = len(tokens) // block_size * block_size
     return split_keys(chain_keys(ns.digest(), np.asarray(tokens[:full], dtype=np.int32), block_size))
+
+
+def test_request_keys_are_the_engines_keys_for_every_namespace_field() -> None:
+    tokens = list(range(7, 7 + 3 * BS + 1))
+    assert request_keys(tokens, BS) == engine_keys(tokens, BS, None, None)
+    assert request_keys(tokens, BS, 2, "adapter") == engine_keys(tokens, BS, 2, "adapter")
+    salted = Namespace(salt="acme", extra_keys=("img-1",))
+    want = split_keys(chain_keys(salted.digest(), np.asarray(tokens[: 3 * BS], dtype=np.int32), BS))
+    assert request_keys(tokens, BS, cache_salt="acme", extra_keys=["img-1"]) == want
+    assert request_keys(tokens, BS, cache_salt="acme") != want
+    assert request_keys(tokens[: BS - 1], BS) == []
+    with pytest.raises(ValueError, match="token ids"):
+        request_keys([-1] * BS, BS)
+    with pytest.raises(TypeError, match="cache_salt"):
+        request_keys(tokens, BS, cache_salt=b"acme")  # type: ignore[arg-type]
 
 
 def stored(tokens: list[int], hashes: list[int]) -> BlockStored:
@@ -54,7 +71,7 @@ def test_the_pool_lets_an_idle_worker_with_no_local_overlap_win(pool_kit: PoolKi
     toks = np.asarray(tokens, dtype=np.int32).reshape(4, BS)
     assert pool_kit.done(pool.put(keys, toks, host, np.arange(4, dtype=np.int32), Namespace().digest())) == 4
 
-    lookup = PoolLookup(pool_kit.config(), pool_kit.fingerprint, engine_keys)
+    lookup = PoolLookup(pool_kit.config(), pool_kit.fingerprint, request_keys)
     try:
         index = KvIndex(IndexConfig(block_size=BS, w_pool=0.5), pool_lookup=lookup)
         index.apply_event("w0", stored(tokens[: 2 * BS], [1, 2]))
@@ -81,7 +98,7 @@ def test_a_failed_pool_query_falls_back_to_the_index(caplog: pytest.LogCaptureFi
     config = ValkeyConfig.from_url(f"valkey://127.0.0.1:{free_port()}/0", connect_timeout_s=0.2)
     from radixcache.offload.storage import ModelFingerprint
 
-    lookup = PoolLookup(config, ModelFingerprint("m", "spec", 0), engine_keys)
+    lookup = PoolLookup(config, ModelFingerprint("m", "spec", 0), request_keys)
     try:
         index = KvIndex(IndexConfig(block_size=BS), pool_lookup=lookup)
         tokens = list(range(4 * BS))
@@ -103,8 +120,10 @@ def test_a_failed_pool_query_falls_back_to_the_index(caplog: pytest.LogCaptureFi
 
 
 def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An engine (the public RadixCache API) prefills a prompt through to the pool;
-    the router's lookup, computing keys from tokens alone, finds every page."""
+    """An engine (the public RadixCache API) prefills a prompt through to the
+    pool, once in the default namespace and once for a salted tenant; the
+    router's lookup, computing keys from tokens and the wire's namespace
+    fields, finds every page of each and none across them."""
     import sys
     from pathlib import Path
 
@@ -118,15 +137,20 @@ def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, mon
     try:
         prompt = np.arange(500, 500 + 3 * P + 2, dtype=np.int32)
         cache.release(prefill(cache, prompt))
+        tenant = np.arange(900, 900 + 2 * P + 1, dtype=np.int32)
+        cache.release(prefill(cache, tenant, Namespace(salt="acme")))
         cache.drain()
     finally:
         cache.close()
     from radixcache.offload.storage import ModelFingerprint
 
-    fingerprint = ModelFingerprint("shared-model", cache.spec.describe(), 0)  # make_engine's
-    lookup = PoolLookup(ValkeyConfig.from_url(valkey_server.url), fingerprint, engine_keys)
+    lookup = pool_lookup(valkey_server.url, model_id="shared-model", spec=cache.spec)  # make_engine's
     try:
         assert lookup(prompt.tolist(), P) == 3
         assert lookup(prompt.tolist(), P, lora_id=1) == 0
+        assert lookup(prompt.tolist(), P, cache_salt="acme") == 0
+        assert lookup(tenant.tolist(), P, cache_salt="acme") == 2
+        assert lookup(tenant.tolist(), P) == 0
+        assert lookup(tenant.tolist(), P, cache_salt="globex") == 0
     finally:
         lookup.close()
