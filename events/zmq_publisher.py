@@ -54,6 +54,7 @@ from itertools import islice
 import zmq
 
 from radixcache.events.codec import BatchEncoder, check_events
+from radixcache.events.gil_send import frame_sender
 from radixcache.events.publisher import (
     END_OF_REPLAY,
     BindError,
@@ -304,7 +305,7 @@ class ZmqEventPublisher:
         if router is not None:
             poller.register(router, zmq.POLLIN)
         encoder = BatchEncoder(self._config.media)
-        send = pub.send
+        send = frame_sender(pub)  # keeps the GIL: see events.gil_send
         topic = self._topic
         more = zmq.SNDMORE
         replays: OrderedDict[bytes, _Replay] = OrderedDict()  # identity -> replay in flight
@@ -323,7 +324,7 @@ class ZmqEventPublisher:
                 if payload is not None:
                     send(topic, more)
                     send(entry.frame, more)
-                    send(payload)
+                    send(payload, 0)
                     self._sent += 1
             if closing and not batch:
                 return
