@@ -34,11 +34,14 @@ its replay pauses, and is dropped after ``replay_stall_s``. So a flooding or
 never-reading client delays a live batch by at most one slice's send time and
 holds at most ``replay_clients * replay_hwm`` queued messages.
 
-Costs, for a 16-page ``BlockStored``: about 2 us of checks in ``publish`` and
-5 us of encoding on the thread. The thread shares the GIL with the owner, so
-encoding costs the process the same CPU wherever it runs; on the thread it
-fills the owner's GIL-free waits (device synchronisation, I/O) instead of
-lengthening its step. Publish once per step, not once per request.
+Costs, for a 16-page ``BlockStored``: about 1-2 us of checks in ``publish``
+and 1-2 us of encoding on the thread. The thread shares the GIL with the
+owner, so encoding costs the process the same CPU wherever it runs; on the
+thread it fills the owner's GIL-free waits (device synchronisation, I/O)
+instead of lengthening its step. Its frame sends keep the GIL
+(``events.gil_send``): a send that released it would hand it to a busy owner
+at every frame and wait to get it back. Publish once per step, not once per
+request.
 """
 
 from __future__ import annotations
