@@ -25,24 +25,36 @@ so they are written only when they carry something. ``medium`` uses SGLang's
 names (GPU, CPU_PINNED, DISK, EXTERNAL) unless the encoder is built with the
 "vllm" vocabulary (GPU, CPU, STORAGE, EXTERNAL); the decoder reads both.
 
-Encoding builds the maps directly from the records and packs the whole batch
-with one call of a reused ``msgpack.Packer``: no per-event intermediate
-objects besides the map itself. Decoding checks every shape the format
-promises and raises ``DecodeError`` naming the first problem; keys it does not
-know are ignored, so producers may add fields without breaking consumers.
+Encoding builds one map per record and packs the whole batch with one call
+of a reused ``msgspec`` encoder (C, no Python work per token). Token ids may
+be a list of ints or an integer numpy array (a page's tokens as the engine
+keeps them); both give the same bytes.
+
+Decoding is one typed ``msgspec`` pass into the structs below: every shape
+and range the format promises is checked in C while the values are built,
+which costs what a plain msgpack unpacking costs. What a struct cannot say
+(the token count of a store, one extra key per block) is checked right after,
+per event. A payload the typed pass refuses is decoded again by
+``events.map_decoder``, which accepts exactly the same payloads and raises
+a ``DecodeError`` naming the first problem. Keys a decoder does not know are
+ignored, so producers may add fields without breaking consumers; where
+``"type"`` stands in a map is not checked (vLLM's and SGLang's decoders find
+it anywhere too, and finding out would cost a second parse of every event).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any, Final, Literal, Union, get_args
 
-import msgpack
+import msgspec
+import numpy as np
 
+from radixcache.events.checks import check_events
+from radixcache.events.map_decoder import CLEARED, CLEARED_EVENT, REMOVED, STORED, DecodeError, decode_maps
 from radixcache.events.types import (
     GPU,
     HASH_LIMIT,
-    MEDIA,
     MEDIUM_OF_WIRE,
     VOCABULARIES,
     AllBlocksCleared,
@@ -52,64 +64,70 @@ from radixcache.events.types import (
     KvEvent,
 )
 
-STORED: str = "BlockStored"
-REMOVED: str = "BlockRemoved"
-CLEARED: str = "AllBlocksCleared"
+__all__ = ["BatchEncoder", "DecodeError", "check_events", "decode_batch", "decode_typed", "encode_batch"]
 
-_CLEARED_MAP: dict[str, str] = {"type": CLEARED}
-_CLEARED_EVENT = AllBlocksCleared()
+_CLEARED_MAP: Final[dict[str, str]] = {"type": CLEARED}
 
 
-class DecodeError(ValueError):
-    """A payload that does not follow the wire format; the message says why."""
-
-
-def _wire_map(e: KvEvent, names: dict[str, str]) -> dict[str, Any]:
-    """The wire map of one record; keys in wire order, "type" first."""
-    if type(e) is BlockStored:
-        m: dict[str, Any] = {
-            "type": STORED,
-            "block_hashes": e.block_hashes,
-            "parent_block_hash": e.parent_block_hash,
-            "token_ids": e.token_ids,
-            "block_size": e.block_size,
-            "lora_id": e.lora_id,
-            "medium": names[e.medium or GPU],
-            "lora_name": e.lora_name,
-        }
-        if e.cache_salt is not None:
-            m["cache_salt"] = e.cache_salt
-        if e.extra_keys is not None:
-            m["extra_keys"] = e.extra_keys
-        return m
-    if type(e) is BlockRemoved:
-        return {"type": REMOVED, "block_hashes": e.block_hashes, "medium": names[e.medium or GPU]}
-    if type(e) is AllBlocksCleared:
-        return _CLEARED_MAP
-    raise TypeError(f"not an event record: {type(e).__name__}")
+def _as_msgpack(obj: Any) -> Any:
+    """What the encoder writes for a value msgspec does not know: an integer
+    numpy array (token ids) as a list of ints."""
+    if type(obj) is np.ndarray and obj.dtype.kind in "iu":
+        return obj.tolist()
+    raise TypeError(f"cannot put a {type(obj).__name__} on the event wire")
 
 
 class BatchEncoder:
-    """Encodes batches into payload bytes, reusing one packer.
+    """Encodes batches into payload bytes, reusing one encoder.
 
     ``media`` picks the medium vocabulary: "sglang" (the default) or "vllm".
-    Not thread safe: each thread that encodes owns its own encoder.
+    Records are read, never changed. Each thread that encodes owns its own
+    encoder.
     """
 
-    __slots__ = ("_names", "_pack")
+    __slots__ = ("_encode", "_names")
 
     def __init__(self, media: str = "sglang") -> None:
         names = VOCABULARIES.get(media)
         if names is None:
             raise ValueError(f"media vocabulary must be one of {sorted(VOCABULARIES)}, got {media!r}")
         self._names = names
-        self._pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+        self._encode = msgspec.msgpack.Encoder(enc_hook=_as_msgpack).encode
 
     def encode(self, events: Sequence[KvEvent], ts: float, dp_rank: int | None = None) -> bytes:
-        """The payload of one batch of ``events`` published at ``ts``."""
+        """The payload of one batch of ``events`` published at ``ts``.
+
+        Raises TypeError for a value that has no msgpack form (and for
+        something that is not an event record); run ``check_events`` first
+        for a full check of the records.
+        """
         names = self._names
-        payload: bytes = self._pack([ts, [_wire_map(e, names) for e in events], dp_rank])
-        return payload
+        maps: list[dict[str, Any]] = []
+        add = maps.append
+        for e in events:  # one map per record, keys in wire order, "type" first
+            if type(e) is BlockStored:
+                m: dict[str, Any] = {
+                    "type": STORED,
+                    "block_hashes": e.block_hashes,
+                    "parent_block_hash": e.parent_block_hash,
+                    "token_ids": e.token_ids,
+                    "block_size": e.block_size,
+                    "lora_id": e.lora_id,
+                    "medium": names[e.medium or GPU],
+                    "lora_name": e.lora_name,
+                }
+                if e.cache_salt is not None:
+                    m["cache_salt"] = e.cache_salt
+                if e.extra_keys is not None:
+                    m["extra_keys"] = e.extra_keys
+                add(m)
+            elif type(e) is BlockRemoved:
+                add({"type": REMOVED, "block_hashes": e.block_hashes, "medium": names[e.medium or GPU]})
+            elif type(e) is AllBlocksCleared:
+                add(_CLEARED_MAP)
+            else:
+                raise TypeError(f"not an event record: {type(e).__name__}")
+        return self._encode((ts, maps, dp_rank))
 
     def encode_batch(self, batch: EventBatch) -> bytes:
         """The payload of ``batch``."""
@@ -122,228 +140,71 @@ def encode_batch(batch: EventBatch) -> bytes:
 
 
 # --------------------------------------------------------------------------
-# Checks shared by the publisher (records) and the decoder (wire maps).
+# The typed pass: the wire as msgspec structs (gc=False: they hold no cycles
+# and live only until their fields are moved into records).
+
+_Hash = Annotated[int, msgspec.Meta(ge=0, le=HASH_LIMIT - 1)]
+_Hashes = Annotated[list[_Hash], msgspec.Meta(min_length=1)]
+_WireMedium = Literal["GPU", "CPU_PINNED", "DISK", "EXTERNAL", "CPU", "STORAGE"]  # both vocabularies
+assert set(get_args(_WireMedium)) == set(MEDIUM_OF_WIRE), "wire media drifted from types.MEDIUM_OF_WIRE"
 
 
-def _hash_problem(hashes: Any, what: str) -> str | None:
-    """Why ``hashes`` is not a non-empty list of block hashes, or None."""
-    if type(hashes) is not list and type(hashes) is not tuple:
-        return f"{what} must be a list of ints, got {type(hashes).__name__}"
-    if not hashes:
-        return f"{what} is empty"
-    if _hashes_ok(hashes):
-        return None
-    for h in hashes:
-        if type(h) is not int or h < 0 or h >= HASH_LIMIT:
-            return f"{what} holds {h!r}: hashes are ints in [0, 2**63)"
-    return None
+class _Stored(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
+    block_hashes: _Hashes
+    token_ids: list[int]
+    block_size: Annotated[int, msgspec.Meta(gt=0)]
+    medium: _WireMedium
+    parent_block_hash: _Hash | None = None
+    lora_id: int | None = None
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
 
 
-def _hashes_ok(hashes: Any) -> bool:
-    """All ints (not bools) in [0, 2**63), checked in C."""
-    return set(map(type, hashes)) == _INT_ONLY and min(hashes) >= 0 and max(hashes) < HASH_LIMIT
+class _Removed(msgspec.Struct, tag_field="type", tag=REMOVED, gc=False):
+    block_hashes: _Hashes
+    medium: _WireMedium
 
 
-_INT_ONLY = {int}
+class _Cleared(msgspec.Struct, tag_field="type", tag=CLEARED, gc=False):
+    pass
 
 
-def _tokens_problem(tokens: Any, blocks: int, block_size: int) -> str | None:
-    """Why ``tokens`` is not ``blocks * block_size`` integer token ids, or None."""
-    if type(tokens) is not list and type(tokens) is not tuple:
-        return f"token_ids must be a list of ints, got {type(tokens).__name__}"
-    if len(tokens) != blocks * block_size:
-        return (
-            f"token_ids has {len(tokens)} tokens, expected {blocks} blocks"
-            f" x block_size {block_size} = {blocks * block_size}"
-        )
-    # sum() runs in C and fails on str/None/containers; a float (or a numpy
-    # scalar) anywhere turns the total into a non-int. One pass, no loop here.
+_Events = Annotated[list[Union[_Stored, _Removed, _Cleared]], msgspec.Meta(min_length=1)]
+_TYPED = msgspec.msgpack.Decoder(tuple[float, _Events, Union[int, None]])
+
+
+def decode_typed(payload: bytes) -> EventBatch | None:
+    """The typed pass alone: the batch, or None where ``decode_maps`` is
+    needed to say what is wrong (the two accept the same payloads)."""
     try:
-        total = sum(tokens)
-    except TypeError:
-        total = None
-    if type(total) is not int:
-        return "token_ids must hold only ints"
-    return None
-
-
-def _extra_problem(extra: Any, blocks: int) -> str | None:
-    """Why ``extra`` is not None or one tuple (or None) per block, or None."""
-    if extra is None:
+        ts, wire, dp_rank = _TYPED.decode(payload)
+    except (msgspec.DecodeError, TypeError, RecursionError):
         return None
-    if type(extra) is not list or len(extra) != blocks:
-        n = len(extra) if type(extra) is list else type(extra).__name__
-        return f"extra_keys must be a list of one entry per block ({blocks}), got {n}"
-    for k in extra:
-        if k is not None and type(k) is not tuple and type(k) is not list:
-            return f"extra_keys entries must be tuples or None, got {type(k).__name__}"
-    return None
-
-
-def _event_problem(event: Any) -> str | None:
-    """Why a record cannot be published, or None."""
-    kind = type(event)
-    if kind is BlockStored:
-        problem = _hash_problem(event.block_hashes, "block_hashes")
-        if problem:
-            return problem
-        bs = event.block_size
-        if type(bs) is not int or bs <= 0:
-            return f"block_size must be a positive int, got {bs!r}"
-        problem = _tokens_problem(event.token_ids, len(event.block_hashes), bs)
-        if problem:
-            return problem
-        parent = event.parent_block_hash
-        if parent is not None and (type(parent) is not int or not 0 <= parent < HASH_LIMIT):
-            return f"parent_block_hash {parent!r} is not an int in [0, 2**63)"
-        if event.lora_id is not None and type(event.lora_id) is not int:
-            return f"lora_id must be an int or None, got {event.lora_id!r}"
-        if event.lora_name is not None and type(event.lora_name) is not str:
-            return f"lora_name must be a str or None, got {event.lora_name!r}"
-        if event.cache_salt is not None and type(event.cache_salt) is not str:
-            return f"cache_salt must be a str or None, got {event.cache_salt!r}"
-        problem = _extra_problem(event.extra_keys, len(event.block_hashes))
-        if problem:
-            return problem
-    elif kind is BlockRemoved:
-        problem = _hash_problem(event.block_hashes, "block_hashes")
-        if problem:
-            return problem
-    elif kind is not AllBlocksCleared:
-        return f"not an event record: {kind.__name__}"
-    if kind is not AllBlocksCleared and event.medium is not None and event.medium not in MEDIA:
-        return f"medium {event.medium!r} is not one of {MEDIA}"
-    return None
-
-
-def check_events(events: Sequence[KvEvent]) -> None:
-    """Raise ValueError naming the first record that cannot go on the wire.
-
-    Checked: record types, hashes (ints in [0, 2**63), non-empty lists),
-    token count against blocks x block_size, token and lora types, media.
-    """
-    for i, event in enumerate(events):
-        problem = _event_problem(event)
-        if problem:
-            raise ValueError(f"event {i} ({type(event).__name__}): {problem}")
-
-
-# --------------------------------------------------------------------------
-# Decoding.
-
-
-_STORED_KEYS = ("block_hashes", "token_ids", "block_size", "medium")
-_REMOVED_KEYS = ("block_hashes", "medium")
-
-
-def _fail(m: dict[str, Any], required: tuple[str, ...], problem: str) -> DecodeError:
-    """The error for a bad event: a missing key explains more than a bad value."""
-    for key in required:
-        if key not in m:
-            return DecodeError(f"{m['type']} lacks required key {key!r}")
-    return DecodeError(problem)
-
-
-def _decode_stored(m: dict[str, Any]) -> BlockStored:
-    # The hot path of a subscriber: one function, checks inlined, and the
-    # diagnosis (which key is missing, which value is bad) only on failure.
-    hashes = m.get("block_hashes")
-    bs = m.get("block_size")
-    tokens = m.get("token_ids")
-    medium = m.get("medium")
-    if type(hashes) is not list or not hashes or not _hashes_ok(hashes):
-        raise _fail(m, _STORED_KEYS, _hash_problem(hashes, "block_hashes") or "")
-    if type(bs) is not int or bs <= 0:
-        raise _fail(m, _STORED_KEYS, f"block_size must be a positive int, got {bs!r}")
-    if type(tokens) is not list or len(tokens) != len(hashes) * bs:
-        raise _fail(m, _STORED_KEYS, _tokens_problem(tokens, len(hashes), bs) or "")
-    try:
-        total = sum(tokens)  # see _tokens_problem: an int total means all ints
-    except TypeError:
-        total = None
-    if type(total) is not int:
-        raise DecodeError("token_ids must hold only ints")
-    medium = _medium(m, medium, _STORED_KEYS)
-    parent = m.get("parent_block_hash")
-    if parent is not None and (type(parent) is not int or not 0 <= parent < HASH_LIMIT):
-        raise DecodeError(f"parent_block_hash {parent!r} is not an int in [0, 2**63)")
-    lora_id = m.get("lora_id")
-    if lora_id is not None and type(lora_id) is not int:
-        raise DecodeError(f"lora_id must be an int or nil, got {lora_id!r}")
-    lora_name = m.get("lora_name")
-    if lora_name is not None and type(lora_name) is not str:
-        raise DecodeError(f"lora_name must be a str or nil, got {lora_name!r}")
-    salt = m.get("cache_salt")
-    extra = m.get("extra_keys")
-    if salt is None and extra is None:
-        return BlockStored(hashes, parent, tokens, bs, lora_id, medium, lora_name)
-    if salt is not None and type(salt) is not str:
-        raise DecodeError(f"cache_salt must be a str or nil, got {salt!r}")
-    problem = _extra_problem(extra, len(hashes))
-    if problem:
-        raise DecodeError(problem)
-    if extra is not None:
-        extra = [None if k is None else tuple(k) for k in extra]
-    return BlockStored(hashes, parent, tokens, bs, lora_id, medium, lora_name, salt, extra)
-
-
-def _medium(m: dict[str, Any], wire: Any, required: tuple[str, ...]) -> Any:
-    """The record medium of a wire name (either vocabulary)."""
-    medium = MEDIUM_OF_WIRE.get(wire) if type(wire) is str else None
-    if medium is None:
-        raise _fail(m, required, f"medium {wire!r} is not one of {sorted(MEDIUM_OF_WIRE)}")
-    return medium
-
-
-def _decode_removed(m: dict[str, Any]) -> BlockRemoved:
-    hashes: Any = m.get("block_hashes")
-    medium: Any = m.get("medium")
-    problem = _hash_problem(hashes, "block_hashes")
-    if problem:
-        raise _fail(m, _REMOVED_KEYS, problem)
-    return BlockRemoved(hashes, _medium(m, medium, _REMOVED_KEYS))
-
-
-def _decode_event(m: Any) -> KvEvent:
-    if type(m) is not dict:
-        raise DecodeError(f"an event must be a map, got {type(m).__name__}")
-    if next(iter(m), None) != "type":
-        raise DecodeError(f"an event's first key must be 'type', got {next(iter(m), None)!r}")
-    kind = m["type"]
-    if kind == STORED:
-        return _decode_stored(m)
-    if kind == REMOVED:
-        return _decode_removed(m)
-    if kind == CLEARED:
-        return _CLEARED_EVENT
-    raise DecodeError(f"unknown event type {kind!r}")
+    medium_of = MEDIUM_OF_WIRE
+    events: list[KvEvent] = []
+    add = events.append
+    for e in wire:
+        if type(e) is _Stored:
+            hashes = e.block_hashes
+            extra = e.extra_keys
+            if len(e.token_ids) != len(hashes) * e.block_size or (extra is not None and len(extra) != len(hashes)):
+                return None
+            add(BlockStored(
+                hashes, e.parent_block_hash, e.token_ids, e.block_size, e.lora_id,
+                medium_of[e.medium], e.lora_name, e.cache_salt, extra,
+            ))
+        elif type(e) is _Removed:
+            add(BlockRemoved(e.block_hashes, medium_of[e.medium]))
+        else:
+            add(CLEARED_EVENT)
+    return EventBatch(ts, events, dp_rank)
 
 
 def decode_batch(payload: bytes) -> EventBatch:
-    """Decode and check one payload; raise ``DecodeError`` saying what is wrong."""
-    try:
-        raw = msgpack.unpackb(payload, raw=False, use_list=True)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise DecodeError(f"payload is not one msgpack object: {exc!r}") from None
-    if type(raw) is not list or len(raw) != 3:
-        shape = f"an array of {len(raw)}" if type(raw) is list else type(raw).__name__
-        raise DecodeError(f"payload must be an array of 3 [ts, events, dp_rank], got {shape}")
-    ts, raw_events, dp_rank = raw
-    if type(ts) is not float and type(ts) is not int:
-        raise DecodeError(f"ts must be a number, got {type(ts).__name__}")
-    if dp_rank is not None and type(dp_rank) is not int:
-        raise DecodeError(f"dp_rank must be an int or nil, got {type(dp_rank).__name__}")
-    if type(raw_events) is not list:
-        raise DecodeError(f"events must be an array, got {type(raw_events).__name__}")
-    if not raw_events:
-        raise DecodeError("a batch never has zero events")
-    try:
-        events = [_decode_event(m) for m in raw_events]
-    except DecodeError:  # the slow path: say which event
-        for i, m in enumerate(raw_events):
-            try:
-                _decode_event(m)
-            except DecodeError as exc:
-                raise DecodeError(f"event {i}: {exc}") from None
-        raise  # pragma: no cover - the loop above re-raises
-    return EventBatch(float(ts), events, dp_rank)
+    """Decode and check one payload; raise ``DecodeError`` saying what is wrong.
+
+    The records are new objects; the payload is only read.
+    """
+    batch = decode_typed(payload)
+    return decode_maps(payload) if batch is None else batch

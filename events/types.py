@@ -25,7 +25,10 @@ all the same, before and after publishing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Union
+
+import numpy as np
+import numpy.typing as npt
 
 Medium = Literal["GPU", "CPU_PINNED", "DISK", "EXTERNAL"]
 
@@ -52,14 +55,18 @@ MEDIUM_OF_WIRE: Final[dict[str, Medium]] = {
 
 HASH_LIMIT: Final = 1 << 63  # block hashes are ints in [0, HASH_LIMIT)
 
+TokenIds = Union[list[int], npt.NDArray[np.integer[Any]]]  # a store's token ids, either form
+
 
 @dataclass(slots=True)
 class BlockStored:
     """``len(block_hashes)`` consecutive blocks became resident on ``medium``.
 
     ``token_ids`` holds all tokens of these blocks, concatenated, so its
-    length is ``len(block_hashes) * block_size``. A salted namespace sets
-    ``cache_salt``; a namespace with a salt or extra keys also sets
+    length is ``len(block_hashes) * block_size``: a list of ints, or a 1-D
+    integer numpy array (an engine's own token array; it goes on the wire as
+    the same list of ints, and decoded records always hold lists). A salted
+    namespace sets ``cache_salt``; a namespace with a salt or extra keys also sets
     ``extra_keys``, one entry per block (what a router mixes into that
     block's hash to keep namespaces apart). Block ``i`` chains to block
     ``i - 1``; the first one chains to ``parent_block_hash`` (None for a block
@@ -69,7 +76,7 @@ class BlockStored:
 
     block_hashes: list[int]  # one per block, each in [0, 2**63)
     parent_block_hash: int | None  # hash of the block before the first, if any
-    token_ids: list[int]  # all tokens of the blocks, concatenated
+    token_ids: TokenIds  # all tokens of the blocks, concatenated
     block_size: int  # tokens per block (the page size P)
     lora_id: int | None = None  # adapter id of the namespace, if any
     medium: Medium | None = None  # where the blocks now live; None means GPU

@@ -34,11 +34,14 @@ its replay pauses, and is dropped after ``replay_stall_s``. So a flooding or
 never-reading client delays a live batch by at most one slice's send time and
 holds at most ``replay_clients * replay_hwm`` queued messages.
 
-Costs, for a 16-page ``BlockStored``: about 2 us of checks in ``publish`` and
-5 us of encoding on the thread. The thread shares the GIL with the owner, so
-encoding costs the process the same CPU wherever it runs; on the thread it
-fills the owner's GIL-free waits (device synchronisation, I/O) instead of
-lengthening its step. Publish once per step, not once per request.
+Costs, for a 16-page ``BlockStored``: about 1-2 us of checks in ``publish``
+and 1-2 us of encoding on the thread. The thread shares the GIL with the
+owner, so encoding costs the process the same CPU wherever it runs; on the
+thread it fills the owner's GIL-free waits (device synchronisation, I/O)
+instead of lengthening its step. Its frame sends keep the GIL
+(``events.gil_send``): a send that released it would hand it to a busy owner
+at every frame and wait to get it back. Publish once per step, not once per
+request.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from itertools import islice
 import zmq
 
 from radixcache.events.codec import BatchEncoder, check_events
+from radixcache.events.gil_send import frame_sender
 from radixcache.events.publisher import (
     END_OF_REPLAY,
     BindError,
@@ -304,7 +308,7 @@ class ZmqEventPublisher:
         if router is not None:
             poller.register(router, zmq.POLLIN)
         encoder = BatchEncoder(self._config.media)
-        send = pub.send
+        send = frame_sender(pub)  # keeps the GIL: see events.gil_send
         topic = self._topic
         more = zmq.SNDMORE
         replays: OrderedDict[bytes, _Replay] = OrderedDict()  # identity -> replay in flight
@@ -323,7 +327,7 @@ class ZmqEventPublisher:
                 if payload is not None:
                     send(topic, more)
                     send(entry.frame, more)
-                    send(payload)
+                    send(payload, 0)
                     self._sent += 1
             if closing and not batch:
                 return

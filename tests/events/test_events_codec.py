@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from events_testkit import BS, stored
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixcache.events import (
     AllBlocksCleared,
@@ -20,6 +23,9 @@ from radixcache.events import (
     decode_batch,
     encode_batch,
 )
+from radixcache.events.codec import decode_typed
+from radixcache.events.map_decoder import decode_maps
+from tests.events import peer_structs
 
 TOP = (1 << 63) - 1  # the largest legal hash
 
@@ -158,7 +164,8 @@ BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
     ("events a map", msgpack.packb([1.0, {"a": 1}, None]), "events must be an array"),
     ("empty batch", payload(), "zero events"),
     ("event an array", payload(["BlockStored", [1]]), "must be a map"),
-    ("type not first", payload({"block_hashes": [1], "type": "BlockRemoved", "medium": "GPU"}), "first key"),
+    ("no type", payload({"block_hashes": [1], "medium": "GPU"}), "'type' key"),
+    ("key not a string", payload({"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", 7: 1}), "strings"),
     ("unknown type", payload({"type": "BlockMoved"}), "unknown event type 'BlockMoved'"),
     ("no hashes", payload(good_stored_map(block_hashes=_DROP)), "lacks required key 'block_hashes'"),
     ("no tokens", payload(good_stored_map(token_ids=_DROP)), "lacks required key 'token_ids'"),
@@ -174,12 +181,17 @@ BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
     ("token count", payload(good_stored_map(token_ids=[1, 2, 3])), "expected 2 blocks"),
     ("token a float", payload(good_stored_map(token_ids=[0.5] * (2 * BS))), "only ints"),
     ("token nil", payload(good_stored_map(token_ids=[None] * (2 * BS))), "only ints"),
+    ("token a bool", payload(good_stored_map(token_ids=[True] + [5] * (2 * BS - 1))), "only ints"),
+    ("tokens a map", payload(good_stored_map(token_ids={"a": 1})), "token_ids must be a list"),
     ("block size zero", payload(good_stored_map(block_size=0)), "block_size"),
     ("medium unknown", payload(good_stored_map(medium="HBM")), "medium 'HBM'"),
     ("medium a list", payload(good_stored_map(medium=["GPU"])), "medium"),
     ("parent a string", payload(good_stored_map(parent_block_hash="p")), "parent_block_hash"),
     ("lora_id a string", payload(good_stored_map(lora_id="1")), "lora_id"),
     ("lora_name an int", payload(good_stored_map(lora_name=1)), "lora_name"),
+    ("cache_salt an int", payload(good_stored_map(cache_salt=1)), "cache_salt"),
+    ("extra keys per block", payload(good_stored_map(extra_keys=[None])), "one entry per block"),
+    ("extra key a string", payload(good_stored_map(extra_keys=["a", None])), "tuples or None"),
 ]
 
 
@@ -195,3 +207,116 @@ def test_decode_error_names_the_event_position() -> None:
     bad = payload({"type": "AllBlocksCleared"}, good_stored_map(block_hashes=[-1]))
     with pytest.raises(DecodeError, match=r"^event 1: "):
         decode_batch(bad)
+
+
+def test_type_key_is_found_anywhere_like_the_peers_decoders_do() -> None:
+    """Producers write "type" first (ours does, see the wire-order test);
+    vLLM's and SGLang's decoders find it anywhere in the map, and so do we."""
+    late = payload({"block_hashes": [1], "medium": "GPU", "type": "BlockRemoved"})
+    assert decode_batch(late).events == [BlockRemoved([1], "GPU")]
+    assert peer_structs.VLLM.decode(late).events[0] == peer_structs.VllmBlockRemoved([1], "GPU")
+
+
+def test_numpy_token_ids_encode_like_lists() -> None:
+    tokens = np.arange(100_000, 100_000 + 2 * BS, dtype=np.int32)
+    as_array = BlockStored([1, 2], None, tokens, BS, None, "GPU", None)  # type: ignore[arg-type]
+    as_list = BlockStored([1, 2], None, tokens.tolist(), BS, None, "GPU", None)
+    check_events([as_array])
+    assert BatchEncoder().encode([as_array], 1.0) == BatchEncoder().encode([as_list], 1.0)
+    assert decode_batch(BatchEncoder().encode([as_array], 1.0)).events == [as_list]
+    for bad, needle in [(tokens.astype(np.float32), "integer dtype"), (tokens.reshape(2, BS), "1-D"),
+                        (tokens[:3], "expected 2 blocks")]:
+        with pytest.raises(ValueError, match=needle):
+            check_events([BlockStored([1, 2], None, bad, BS)])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- both decoding passes agree
+
+_NEAR: dict[str, list[Any]] = {  # per key: good values and near misses
+    "block_hashes": [[1, 2], [1], [0, (1 << 63) - 1], [], [1, True], [1, -1], [1, 1 << 63], [1.0, 2], 5, None],
+    "token_ids": [
+        list(range(2 * BS)), [0] * 7, [True] + [1] * 7, [1.0] * 8, [None] * 8, [-3] * 8, [(1 << 64) - 1] * 8,
+        {"a": 1}, None, "x",
+    ],
+    "block_size": [BS, 2, 8, 0, -1, True, 4.0, None, "4"],
+    "medium": ["GPU", "CPU", "STORAGE", "CPU_PINNED", "EXTERNAL", "HBM", None, 1, ["GPU"]],
+    "parent_block_hash": [None, 5, 0, -1, 1 << 63, True, "p", 2.0],
+    "lora_id": [None, 1, -1, True, "1", 1.0],
+    "lora_name": [None, "n", 1, b"n"],
+    "cache_salt": [None, "s", 1],
+    "extra_keys": [
+        None, [None, None], [["a", 1], [b"x"]], [[[1], {"k": 2.5}], None], [None], ["a", None], [[1], 2], 5,
+    ],
+    "group_idx": [1, None, "x", [1]],
+}
+
+
+@st.composite
+def wire_events(draw: st.DrawFn) -> dict[Any, Any]:
+    """A map near a real event: a valid one with up to two keys dropped or
+    given a value from their pool of good values and near misses; "type"
+    maybe moved or gone, maybe a key that is not a string."""
+    kind = draw(st.sampled_from(["BlockStored"] * 5 + ["BlockRemoved", "AllBlocksCleared", "Other"]))
+    base: dict[Any, Any] = {"type": kind}
+    if kind == "BlockStored":
+        base.update(good_stored_map(parent_block_hash=5, lora_id=1, lora_name="n"))
+    elif kind == "BlockRemoved":
+        base.update(block_hashes=[1, 2], medium="DISK")
+    for key in draw(st.lists(st.sampled_from(sorted(_NEAR)), max_size=2)):
+        value = draw(st.sampled_from([_DROP, *_NEAR[key]]))
+        if value is _DROP:
+            base.pop(key, None)
+        else:
+            base[key] = value
+    if draw(st.integers(0, 7)) == 0:  # "type" somewhere else, or gone
+        t = base.pop("type")
+        if draw(st.booleans()):
+            base["type"] = t
+    if draw(st.integers(0, 15)) == 0:
+        base[draw(st.sampled_from([0, b"k"]))] = 1  # a key that is not a string
+    return base
+
+
+def _both_passes(data: bytes) -> tuple[EventBatch | None, EventBatch | None]:
+    try:
+        by_maps: EventBatch | None = decode_maps(data)
+    except DecodeError:
+        by_maps = None
+    return decode_typed(data), by_maps
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    events=st.lists(wire_events(), max_size=4),
+    ts=st.sampled_from([1.5, 1.5, 1.5, 2, "t", True, None]),
+    dp_rank=st.sampled_from([None, None, 0, 3, -1, 1.0, True]),
+    extra=st.sampled_from([(), (), (), (0,)]),
+)
+def test_typed_and_map_decoding_accept_the_same_payloads(
+    events: list[dict[Any, Any]], ts: Any, dp_rank: Any, extra: tuple[Any, ...]
+) -> None:
+    """The typed pass and the explaining map decoder agree: same payloads
+    accepted, same records built (each event alone, then the whole batch)."""
+    for event in events:
+        typed, by_maps = _both_passes(msgpack.packb([1.5, [event], None], use_bin_type=True))
+        assert typed == by_maps, event
+    typed, by_maps = _both_passes(msgpack.packb([ts, events, dp_rank, *extra], use_bin_type=True))
+    assert typed == by_maps
+
+
+def test_typed_and_map_decoding_agree_on_every_single_near_miss() -> None:
+    """Every key of a store and a removal, dropped or set to each value of
+    its pool, one at a time: both passes give the same answer."""
+    accepted = refused = 0
+    for base in (good_stored_map(parent_block_hash=5), {"block_hashes": [1, 2], "medium": "DISK"}):
+        kind = "BlockStored" if "token_ids" in base else "BlockRemoved"
+        for key, pool in _NEAR.items():
+            for value in [_DROP, *pool]:
+                event = {"type": kind, **base, key: value}
+                if value is _DROP:
+                    del event[key]
+                typed, by_maps = _both_passes(msgpack.packb([1.5, [event], None], use_bin_type=True))
+                assert typed == by_maps, event
+                accepted += typed is not None
+                refused += typed is None
+    assert accepted > 30 and refused > 30  # both answers are exercised

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from events_testkit import BS, chain, holdings, random_batches, reference, stored
 
@@ -198,3 +199,16 @@ def test_salted_tenants_are_kept_apart(index: KvIndex) -> None:
     assert index.overlap(A, cache_salt="acme")["w"].gpu == 0
     assert index.overlap(A, cache_salt="globex")["w"].gpu == 2
     index.check_integrity()
+
+
+def test_numpy_token_ids_are_indexed_like_lists(index: KvIndex) -> None:
+    as_array = BlockStored([1, 2, 3, 4], None, np.array(A, dtype=np.int32), BS, None, "GPU", None)
+    apply(index, "w", as_array)
+    apply(index, "v", chain(11, A))  # the same tokens as a list, on another worker
+    full = {"w": TierOverlap(4, 4, 4), "v": TierOverlap(4, 4, 4)}
+    assert index.overlap(A) == index.overlap(np.array(A, dtype=np.int64)) == full  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="int64"):
+        index.apply_event("w", BlockStored([9], None, np.full(BS, 1 << 63, dtype=np.uint64), BS))
+    with pytest.raises(ValueError, match="int64"):
+        index.apply_event("w", BlockStored([9], None, np.zeros(BS, dtype=np.float32), BS))  # type: ignore[arg-type]
+    assert index.resident("w", "GPU") == {1, 2, 3, 4}
