@@ -185,20 +185,27 @@ class KvIndex:
             tokens, block_size=bs, lora_id=lora_id, lora_name=lora_name,
             cache_salt=cache_salt, extra_keys=extra_keys, workers=loads,
         )
-        pool = self._pool_blocks(tokens, bs, lora_id, lora_name)
+        pool = self._pool_blocks(tokens, bs, lora_id, lora_name, cache_salt, extra_keys)
         costs = {w: self.cost(request_blocks, o, loads[w], pool) for w, o in overlaps.items()}
         best = min(costs, key=costs.__getitem__)  # first minimum: ties keep the loads' order
         return RoutingDecision(best, costs[best], request_blocks, overlaps, costs, pool)
 
     def _pool_blocks(
-        self, tokens: Sequence[int], bs: int, lora_id: int | None, lora_name: str | None
+        self,
+        tokens: Sequence[int],
+        bs: int,
+        lora_id: int | None,
+        lora_name: str | None,
+        cache_salt: str | None,
+        extra_keys: tuple[Any, ...] | None,
     ) -> int | None:
-        """Leading blocks the shared pool holds (any worker can fetch them);
-        None without a pool lookup or when it fails (index-only scoring)."""
+        """Leading blocks the shared pool holds under the request's namespace
+        (any worker can fetch them); None without a pool lookup or when it
+        fails (index-only scoring)."""
         if self._pool_lookup is None:
             return None
         try:
-            hits = self._pool_lookup(tokens, bs, lora_id, lora_name)
+            hits = self._pool_lookup(tokens, bs, lora_id, lora_name, cache_salt, extra_keys)
         except Exception as exc:  # the pool is advisory: never fail a routing decision
             log.warning("shared pool query failed (%r); routing on the index alone", exc)
             return None

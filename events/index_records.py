@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 WorkerId = Hashable  # whatever the router names its workers by
-# (tokens, block_size, lora_id, lora_name) -> leading blocks a shared pool holds; None: unknown
-PoolLookupFn = Callable[[Sequence[int], int, "int | None", "str | None"], "int | None"]
+# (tokens, block_size, lora_id, lora_name, cache_salt, extra_keys) -> leading
+# blocks a shared pool holds under that namespace; None: unknown
+PoolLookupFn = Callable[
+    [Sequence[int], int, "int | None", "str | None", "str | None", "tuple[Any, ...] | None"],
+    "int | None",
+]
 W = TypeVar("W", bound=Hashable)  # the caller's own worker-id type, kept in answers
 
 

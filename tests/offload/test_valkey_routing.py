@@ -152,5 +152,11 @@ def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, mon
         assert lookup(tenant.tolist(), P, cache_salt="acme") == 2
         assert lookup(tenant.tolist(), P) == 0
         assert lookup(tenant.tolist(), P, cache_salt="globex") == 0
+        # the router passes the request's namespace fields on to the pool
+        index = KvIndex(IndexConfig(block_size=P), pool_lookup=lookup)
+        loads = {"w0": 0.0}
+        assert index.choose(tenant.tolist(), loads, cache_salt="acme").pool_blocks == 2
+        assert index.choose(tenant.tolist(), loads).pool_blocks == 0
+        assert index.choose(prompt.tolist(), loads).pool_blocks == 3
     finally:
         lookup.close()
