@@ -10,19 +10,21 @@ carries the same id; ``pop`` forgets it again.
 
 Layout: one open-addressing hash table in three parallel numpy arrays, with
 linear probing; a storage key is a blake2b output, so its first 8 bytes are
-already a uniform hash and pick the home slot::
+already a uniform hash and pick the home slot (their value modulo the
+capacity)::
 
-    slot:   0      1      2      3     ...   (capacity, a power of two)
+    slot:   0      1      2      3     ...   capacity - 1
     lo:     k0.lo  -      k1.lo  k2.lo       uint64: key bytes 0..7
     hi:     k0.hi  -      k1.hi  k2.hi       uint64: key bytes 8..15
     val:    id0    EMPTY  id1    TOMB        int64: the event id, or a marker
 
 The whole 16-byte key is compared, so a lookup never returns another key's
 id. A removed entry becomes a tombstone (probe chains stay intact); the
-table is rebuilt when live entries and tombstones pass half its slots, so a
-probe is a few slots long. 24 bytes a slot, at most half of them live after
-a rebuild at a quarter: 48 to 96 bytes per remembered page. Every operation
-works on a whole batch of keys with numpy: no Python object per page.
+table is rebuilt, with three slots per live key, when live entries and
+tombstones pass half its slots, so a probe is a few slots long. 24 bytes a
+slot and between a third and a half of them live: 48 to 72 bytes per
+remembered page. Every operation works on a whole batch of keys with numpy:
+no Python object per page.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class StorageIds:
         self._lo: U64s = np.zeros(capacity, dtype=np.uint64)
         self._hi: U64s = np.zeros(capacity, dtype=np.uint64)
         self._val: npt.NDArray[np.int64] = np.full(capacity, _EMPTY, dtype=np.int64)
-        self._mask = np.uint64(capacity - 1)
+        self._cap = np.uint64(capacity)
 
     def __len__(self) -> int:
         return self._live
@@ -85,15 +87,15 @@ class StorageIds:
         """The slot of each key, -1 where it is not held."""
         out = np.full(lo.size, -1, dtype=np.int64)
         active = np.arange(lo.size)
-        slot = (lo & self._mask).astype(np.int64)
-        mask = int(self._mask)
+        slot = (lo % self._cap).astype(np.int64)
+        cap = int(self._cap)
         while active.size:
             val = self._val[slot]
             hit = (val >= 0) & (self._lo[slot] == lo[active]) & (self._hi[slot] == hi[active])
             out[active[hit]] = slot[hit]
             more = ~hit & (val != _EMPTY)
             active = active[more]
-            slot = (slot[more] + 1) & mask
+            slot = (slot[more] + 1) % cap
         return out
 
     def get(self, keys: Sequence[bytes]) -> BlockIds:
@@ -160,17 +162,14 @@ class StorageIds:
             return
         live = np.flatnonzero(self._val >= 0)
         lo, hi, vals = self._lo[live], self._hi[live], self._val[live]
-        capacity = _MIN_CAPACITY
-        while capacity < 4 * (self._live + more):
-            capacity *= 2
-        self._alloc(capacity)
+        self._alloc(max(_MIN_CAPACITY, 3 * (self._live + more)))
         self._live = self._tombs = 0
         self._place(lo, hi, vals)
 
     def _place(self, lo: U64s, hi: U64s, vals: BlockIds) -> None:
         """Put keys that are not held (distinct, room reserved) into free slots."""
-        mask = int(self._mask)
-        slot = (lo & self._mask).astype(np.int64)
+        cap = int(self._cap)
+        slot = (lo % self._cap).astype(np.int64)
         todo = np.arange(lo.size)
         while todo.size:
             free = self._val[slot] < 0
@@ -185,7 +184,7 @@ class StorageIds:
             lose = np.ones(todo.size, dtype=bool)
             lose[win] = False
             todo = todo[lose]
-            slot = (slot[lose] + 1) & mask
+            slot = (slot[lose] + 1) % cap
 
     def check_integrity(self) -> None:
         """Counts match the table; every held key is reachable from its home slot."""
