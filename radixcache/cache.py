@@ -32,9 +32,12 @@ from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
 from radixcache.survivors import announce_survivors
 from radixcache.tier_config import open_storage
-from radixcache.tiers import HostTiers, NullTiers, TierConfig, Tiers, TierStats
+from radixcache.tier_config import TierConfig, TierStats
+from radixcache.tier_hooks import NullTiers, Tiers
+from radixcache.tiers import HostTiers
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
+from radixcache.tree_check import device_page_ids
 from radixcache.transfer import DeviceKVBuffer, KVSpec, PageAllocator
 
 
@@ -273,8 +276,8 @@ class RadixCache:
 
     def _sweep(self) -> None:
         """Remove pages of forgotten namespaces that nothing holds any more."""
-        if self.tree.detached_count:
-            freed = self.tree.sweep_detached()
+        if self.tree.removal.detached_count:
+            freed = self.tree.removal.sweep_detached()
             if freed.size:
                 self.pool.free(freed)
 
@@ -372,7 +375,7 @@ class RadixCache:
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
         self._forgets[namespace] = self._forgets.get(namespace, 0) + 1
-        result = self.tree.forget(namespace)
+        result = self.tree.removal.forget(namespace)
         if result.device_page_ids.size:
             self.pool.free(result.device_page_ids)
         self.tiers.forget(namespace)
@@ -459,7 +462,7 @@ class RadixCache:
         self.tree.check_integrity(locks, self.tiers.job_locks())
         self.pool.check_integrity()
         self.tiers.check_integrity()
-        tree_pages = self.tree.device_page_ids()
+        tree_pages = device_page_ids(self.tree)
         job_pages = self.tiers.job_device_pages()
         owned = np.concatenate([tree_pages, job_pages, *private])
         assert np.unique(owned).size == owned.size, "a device page is owned twice"

@@ -15,7 +15,7 @@ tree node, four fields the tree never reads (they sit on the node for speed):
 A store only reads host pages: it holds the node (so the host copy stays)
 but does not mark it loading, so a load-back of the same pages proceeds
 (invariant 11). A node split while a job is in flight passes its holds to
-both pieces; the job finds them again with ``tree.pieces``.
+both pieces; the job finds them again with ``jobs.pieces``.
 """
 
 from __future__ import annotations

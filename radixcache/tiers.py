@@ -2,32 +2,35 @@
 
 ``HostTiers`` decides, with the write and prefetch policies, when pages move
 between device, host and storage, and starts one tier job per move
-(radixcache/jobs.py: each job owns its holds and applies its own result).
+(radixcache/jobs.py, write_jobs.py, load_jobs.py: each job owns its holds
+and applies its own result).
 ``poll()``, on the owner thread, is the only place async results enter the
-tree: it calls ``finish`` on every finished job. ``NullTiers`` is the
-device-only cache: every hook does nothing.
+tree: it calls ``finish`` on every finished job. The hooks the cache calls
+are the ``Tiers`` contract (radixcache/tier_hooks.py, with ``NullTiers``, the
+device-only cache).
 
-A request admitted with host or storage hits takes the pages being loaded
-into its page table at once (``req.pending`` lists the loads); ``resolve``
-applies the prefetch policy: wait, or give up what has not arrived and
-recompute it. Any failure degrades to recomputing: nothing wrong is served.
+This module has the write path (backups by the write policy, stores), host
+room, completions and bulk operations. Load-back of host and storage hits and
+the prefetch policy are ``LoadBack``'s (radixcache/tier_loads.py). Any
+failure degrades to recomputing: nothing wrong is served.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 import numpy as np
 
 from radixcache.host_index import HostIndex
-from radixcache.jobs import BackupJob, FetchJob, LoadJob, StoreJob, TierJob
+from radixcache.jobs import TierJob
+from radixcache.tier_loads import LoadBack
+from radixcache.write_jobs import BackupJob, StoreJob
 from radixcache.namespace import Namespace
 from radixcache.node import EMPTY_PAGES, InsertResult, MatchResult, Node, PageIds
 from radixcache.offload.controller import JobKind, OffloadController
 from radixcache.offload.storage import Storage
-from radixcache.hashing import split_keys, chain_keys
+from radixcache.hashing import split_keys
 from radixcache.request import Request
 from radixcache.offload.lmdb_open import StorageOpening
 from radixcache.offload.rate_limit import RateLimitedLog
@@ -41,7 +44,7 @@ _failures = RateLimitedLog(log)  # a failing tier fails every job: one line per 
 
 AllocateDevice = Callable[[int], "PageIds | None"]
 
-__all__ = ["HostTiers", "NullTiers", "TierConfig", "TierStats", "Tiers"]
+__all__ = ["HostTiers", "TierConfig", "TierStats"]
 
 
 def _no_fetch(req: Request, tokens: PageIds) -> None:
@@ -50,79 +53,6 @@ def _no_fetch(req: Request, tokens: PageIds) -> None:
 
 def _no_store(nodes: list[Node]) -> None:
     """No storage tier: host copies stay on the host."""
-
-
-class Tiers(Protocol):
-    """What the cache calls; see HostTiers for the behaviour. Owner thread only."""
-
-    def on_admit(self, req: Request, match: MatchResult, tokens: PageIds) -> None: ...
-    def wait_for_loads(self, match: MatchResult) -> bool: ...
-    def on_insert(self, result: InsertResult) -> None: ...
-    def before_device_drop(self, node: Node) -> None: ...
-    def resolve(self, req: Request) -> None: ...
-    def abandon(self, req: Request) -> None: ...
-    def poll(self) -> int: ...
-    def forget(self, namespace: Namespace) -> None: ...
-    def settle_copies(self) -> bool: ...
-    def drain(self) -> bool: ...
-    def reset(self) -> None: ...
-    def job_device_pages(self) -> PageIds: ...
-    def job_locks(self) -> dict[Node, int]: ...
-    def stats(self) -> TierStats | None: ...
-    def check_integrity(self) -> None: ...
-    def close(self) -> None: ...
-
-
-class NullTiers:
-    """The device-only cache: no host, no storage."""
-
-    def on_admit(self, req: Request, match: MatchResult, tokens: PageIds) -> None:
-        pass
-
-    def wait_for_loads(self, match: MatchResult) -> bool:
-        return False
-
-    def on_insert(self, result: InsertResult) -> None:
-        pass
-
-    def before_device_drop(self, node: Node) -> None:
-        pass
-
-    def resolve(self, req: Request) -> None:
-        pass
-
-    def abandon(self, req: Request) -> None:
-        pass
-
-    def poll(self) -> int:
-        return 0
-
-    def forget(self, namespace: Namespace) -> None:
-        pass
-
-    def settle_copies(self) -> bool:
-        return False
-
-    def drain(self) -> bool:
-        return False
-
-    def reset(self) -> None:
-        pass
-
-    def job_device_pages(self) -> PageIds:
-        return EMPTY_PAGES
-
-    def job_locks(self) -> dict[Node, int]:
-        return {}
-
-    def stats(self) -> TierStats | None:
-        return None
-
-    def check_integrity(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class HostTiers:
@@ -151,15 +81,16 @@ class HostTiers:
         )
         self.storage_state = storage.state
         index.storage_medium = storage.storage.medium  # who announces storage pages, and as what
+        self.loads = LoadBack(self)  # load-back of host and storage hits, the prefetch policy
         # Without a storage tier (NullStorage), the two storage steps are
         # no-ops chosen here once: no page keys are computed for lookups that
         # cannot hit, and no store jobs are started that commit nothing.
         enabled = storage.state != "disabled"
         self._fetch_from_storage: Callable[[Request, PageIds], None] = (
-            self._start_fetch if enabled else _no_fetch
+            self.loads.start_fetch if enabled else _no_fetch
         )
         self.store: Callable[[list[Node]], None] = self._store if enabled else _no_store
-        self._allocate_device = allocate_device
+        self.allocate_device = allocate_device
         self.free_device = free_device
         self.jobs: dict[TierJob, None] = {}  # live jobs, in submission order
         self._deferred_stores: list[Node] = []  # backed up while being evicted
@@ -184,7 +115,7 @@ class HostTiers:
                 break
             nodes.append(node)
         if nodes:
-            self._start_load(req, nodes)
+            self.loads.start_load(req, nodes)
         self._backup_hit_path(match.last_device_node)
         if len(nodes) == len(match.host_nodes):
             self._fetch_from_storage(req, tokens)
@@ -204,45 +135,6 @@ class HostTiers:
                 self._backup(node)
             node = node.parent
 
-    def _start_load(self, req: Request, nodes: list[Node]) -> None:
-        job = LoadJob(self, nodes, req, req.locked_node, req.num_pages)
-        dev = self._allocate_device(job.pages)
-        if dev is None:  # no room on the device: the request recomputes these pages
-            job.cancel()
-            return
-        job.start(np.concatenate([n.host for n in nodes if n.host is not None]), dev)
-        req.take_loading(self.tree, job.last, dev, job, self.page_size)
-        hit = job.pages * self.page_size
-        self.counters.host_hit_tokens += hit
-        req.found_below(host=hit)
-
-    def _start_fetch(self, req: Request, tokens: PageIds) -> None:
-        p = self.page_size
-        start = req.num_pages * p
-        usable = (max(tokens.size - 1, 0) // p) * p
-        if usable - start < p:
-            return
-        parent = req.locked_node
-        first = self.tree.keys.last_key(parent, req.namespace.digest())
-        keys = split_keys(chain_keys(first, tokens[start:usable], p))
-        n = self.storage.longest_prefix(keys)
-        if n == 0:
-            return
-        host_pages = self._allocate_host(n)
-        if host_pages is None:
-            return
-        dev = self._allocate_device(n)
-        if dev is None or req.num_pages * p != start:  # (making room may finish a load of req)
-            self.host.free(host_pages)
-            if dev is not None:
-                self.free_device(dev)
-            return
-        epoch = self._epochs.get(req.namespace, 0)
-        job = FetchJob(self, req, parent, tokens, start, keys[:n], host_pages, dev, epoch)
-        req.take_loading(self.tree, None, dev, job, p)
-        self.counters.storage_hit_tokens += n * p
-        req.found_below(storage=n * p)
-
     # ------------------------------------------------------------------ backups
     def on_insert(self, result: InsertResult) -> None:
         if self.write.backup_on_insert():
@@ -252,7 +144,7 @@ class HostTiers:
 
     def _backup(self, node: Node) -> None:
         assert node.device is not None
-        host_pages = self._allocate_host(int(node.device.size))
+        host_pages = self.allocate_host(int(node.device.size))
         if host_pages is None:
             self.counters.backups_skipped += 1
             return
@@ -266,7 +158,7 @@ class HostTiers:
         if not (self.write.backup_on_evict() or node.children):
             return
         assert node.device is not None
-        host_pages = self._allocate_host(int(node.device.size))
+        host_pages = self.allocate_host(int(node.device.size))
         if host_pages is None:
             self.counters.backups_skipped += 1
             return
@@ -293,7 +185,9 @@ class HostTiers:
         StoreJob(self, nodes, keys, tokens, host, self._epochs.get(nodes[-1].namespace, 0))
 
     # ------------------------------------------------------------------ host pool
-    def _allocate_host(self, n: int) -> PageIds | None:
+    def allocate_host(self, n: int) -> PageIds | None:
+        """``n`` host pages, dropping host copies in policy order if the pool
+        is short; None if that cannot make room."""
         pages = self.host.allocate(n)
         if pages is not None:
             return pages
@@ -303,7 +197,7 @@ class HostTiers:
                 break
             freed = self.index.drop(node)
             if node.device is None:
-                self.tree.remove_leaf(node)
+                self.tree.below.remove_leaf(node)
             self.host.free(freed)
             self.counters.host_evicted_pages += int(freed.size)
             short -= int(freed.size)
@@ -316,7 +210,7 @@ class HostTiers:
         if self._deferred_stores:
             stores, self._deferred_stores = self._deferred_stores, []
             for node in stores:
-                if self.tree.is_attached(node) and not node.holds:
+                if self.tree.below.is_attached(node) and not node.holds:
                     self.store([node])
         # Removals go out before what this poll harvests: a key evicted and
         # then written again must end up stored. A key whose store (or fetch)
@@ -342,47 +236,24 @@ class HostTiers:
         """Whether a job started at ``epoch`` may still add pages of ``namespace``."""
         return self._epochs.get(namespace, 0) == epoch
 
+    def epoch(self, namespace: Namespace) -> int:
+        """How many times ``namespace`` was forgotten (stamped on jobs)."""
+        return self._epochs.get(namespace, 0)
+
+    # ------------------------------------------------------------------ load-back
     def roll_back(
         self, req: Request, start_page: int, before: Node | None, keep_private: PageIds | None = None
     ) -> None:
         """``req`` gives up its pending loads from page ``start_page`` on."""
-        lost, dropped = req.roll_back(self.tree, start_page, before, self.page_size, keep_private)
-        self.counters.abandoned_tokens += lost * self.page_size
-        # Private pages that left the table and that no job in flight writes
-        # (the rest of a short fetch, kept for the request to compute into)
-        # go back to the pool; a given-up job frees its own when it lands.
-        owned = self.job_device_pages()
-        if keep_private is not None:
-            owned = np.concatenate([owned, keep_private])
-        stray = np.setdiff1d(dropped, owned)
-        if stray.size:
-            self.free_device(stray.astype(dropped.dtype, copy=False))
+        self.loads.roll_back(req, start_page, before, keep_private)
 
     def resolve(self, req: Request) -> None:
         """Apply the prefetch policy to ``req``'s pending loads."""
-        if not req.pending:
-            return
-        tokens = sum(job.num_pages for job in req.pending) * self.page_size
-        budget = self.prefetch.wait_seconds(tokens)
-        for job in list(req.pending):
-            if budget is None:
-                job.wait()
-            elif budget > 0:
-                job.wait(budget)
-            self.poll()
-            # A finished fetch chains a load: wait for that one too.
-            while budget is None and req.pending and not req.pending[-1].done():
-                req.pending[-1].wait()
-                self.poll()
-        self.poll()
-        if req.pending:
-            self.abandon(req)
+        self.loads.resolve(req)
 
     def abandon(self, req: Request) -> None:
         """Stop waiting for ``req``'s pending loads; it recomputes them."""
-        if req.pending:
-            first = req.pending[0]
-            self.roll_back(req, first.start_page, first.before)
+        self.loads.abandon(req)
 
     # ------------------------------------------------------------------ bulk
     def forget(self, namespace: Namespace) -> None:

@@ -8,6 +8,7 @@ candidate set and heap, page ownership. O(nodes); for tests and
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
@@ -15,6 +16,19 @@ import numpy as np
 from radixcache.hashing import KEY_BYTES
 from radixcache.lower_tiers import LowerTiers
 from radixcache.node import EMPTY_PAGES, Node, PageIds
+
+
+class CheckedRoots(Protocol):
+    """The tree's roots (``NodeRemoval``)."""
+
+    def all_roots(self) -> list[Node]: ...
+
+
+class CheckedEviction(Protocol):
+    """The tree's eviction candidates and heap (``DeviceEviction``)."""
+
+    candidates: set[Node]
+    heap: list[tuple[object, ...]]
 
 
 class CheckedTree(Protocol):
@@ -26,13 +40,13 @@ class CheckedTree(Protocol):
     device_pages: int
     evictable_pages: int
 
-    def roots(self) -> list[Node]: ...
+    @property
+    def removal(self) -> CheckedRoots: ...
 
     @property
-    def evictable_nodes(self) -> set[Node]: ...
+    def eviction(self) -> CheckedEviction: ...
 
-    @property
-    def heap_entries(self) -> list[tuple[object, ...]]: ...
+    def nodes(self) -> Iterator[Node]: ...
 
 
 def _concat(parts: list[PageIds]) -> PageIds:
@@ -52,7 +66,7 @@ def check_tree(
     device_pages = evictable = count = 0
     seen_device: list[PageIds] = []
     candidates: set[Node] = set()
-    roots = [(r.namespace, r) for r in tree.roots()]
+    roots = [(r.namespace, r) for r in tree.removal.all_roots()]
     for ns, root in roots:
         assert root.parent is None and root.namespace == ns and root.key.size == 0
         assert root.children, f"empty root kept for {ns!r}"
@@ -102,8 +116,14 @@ def check_tree(
     assert evictable == tree.evictable_pages, (
         f"evictable_pages {tree.evictable_pages} != {evictable}"
     )
-    assert candidates == tree.evictable_nodes, "eviction candidate set is out of date"
-    live_heap = {e[-1] for e in tree.heap_entries if isinstance(e[-1], Node) and e[-2] == e[-1].heap_seq}
-    assert tree.evictable_nodes <= live_heap, "an eviction candidate has no live heap entry"
+    eviction = tree.eviction
+    assert candidates == eviction.candidates, "eviction candidate set is out of date"
+    live_heap = {e[-1] for e in eviction.heap if isinstance(e[-1], Node) and e[-2] == e[-1].heap_seq}
+    assert eviction.candidates <= live_heap, "an eviction candidate has no live heap entry"
     ids = _concat(seen_device)
     assert np.unique(ids).size == ids.size, "a device page is owned by two nodes"
+
+
+def device_page_ids(tree: CheckedTree) -> PageIds:
+    """Every device page id ``tree`` holds (O(nodes); for checks)."""
+    return _concat([n.device for n in tree.nodes() if n.device is not None])

@@ -277,7 +277,7 @@ def test_forget_while_held_never_removes_the_recomputed_pages(tmp_path: Path) ->
     publish()
     late = [e for e in log[mark:] if isinstance(e, BlockRemoved) and ids & set(e.block_hashes)]
     assert late == []
-    assert cache.tree.detached_count == 0
+    assert cache.tree.removal.detached_count == 0
     assert cache.tree.device_pages == 3  # only the new request's pages
     cache.check_integrity()
     engine = engine_residency(cache)

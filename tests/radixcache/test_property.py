@@ -51,7 +51,7 @@ class CacheMachine(RuleBasedStateMachine):
     def tree_prefixes(self) -> set[Prefix]:
         out: set[Prefix] = set()
         for node in self.cache.tree.nodes():
-            if not self.cache.tree.is_attached(node):
+            if not self.cache.tree.below.is_attached(node):
                 continue  # a forgotten namespace's page still held: never matched
             parts = []
             n = node

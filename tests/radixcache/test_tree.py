@@ -180,16 +180,16 @@ def test_forget_namespace_keeps_locked(tree: RadixTree) -> None:
     tree.insert(a, seq(80, 4), pages(4))
     tree.insert(NS, seq(0, 8), pages(5, 6))
     tree.lock(r.last_node)
-    res = tree.forget(a)
+    res = tree.removal.forget(a)
     assert sorted(res.device_page_ids.tolist()) == [3, 4]
     assert res.pending_pages == 2  # [1, 2] stay until unlocked
     tree.check_integrity({r.last_node: 1})
     assert tree.match(a, seq(0, 8)).device_len == 0  # detached: never matched again
-    assert tree.sweep_detached().size == 0  # still locked
+    assert tree.removal.sweep_detached().size == 0  # still locked
     tree.unlock(r.last_node)
-    assert sorted(tree.sweep_detached().tolist()) == [1, 2]
-    assert tree.detached_count == 0
-    assert tree.namespaces() == [NS]
+    assert sorted(tree.removal.sweep_detached().tolist()) == [1, 2]
+    assert tree.removal.detached_count == 0
+    assert tree.removal.namespaces() == [NS]
     assert tree.match(NS, seq(0, 8)).device_pages.tolist() == [5, 6]
     tree.check_integrity()
 
