@@ -17,8 +17,8 @@ medium (``StorageIds``) and announces the removal under that id. A removed
 key it never announced (a record of another writer, one written before the
 last ``cleared``, a raw page) is not announced at all, never under a guessed
 id: no router was told of it by this engine. ``unknown_removals`` counts them.
-No blake2b runs here: a storage page's key is the one its store job or fetch
-computed and cached on the node.
+No blake2b runs for a page that is not on storage: a stored page's keys are
+those its store job cached on the node.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ class Recorder(Protocol):
     """
 
     def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
-        """Pages ``[start, start+count)`` of ``node`` became resident on ``medium``."""
+        """Pages ``[start, start+count)`` of ``node`` became resident on
+        ``medium``. On a storage medium (DISK, EXTERNAL) their storage keys
+        are those the store or read used (``tree.page_keys``, cached on the
+        node): the recorder keeps them to announce the pages' removal."""
         ...
 
     def removed(self, node: Node, medium: Medium) -> None:
@@ -157,7 +160,8 @@ class EventRecorder:
         p = self.page_size
         self._append(run.tolist(), parent, node.key[start * p : (start + count) * p], node.namespace, medium)
         if medium in STORAGE_MEDIA:
-            # (the store job or fetch computed these keys: cached on the node)
+            # (cached on the node by the store job; for a page read back from
+            # storage they are computed here once: the read costs far more)
             keys = self._keys.page_keys(node)[start * KEY_BYTES : (start + count) * KEY_BYTES]
             self._remember(keys, run, medium)
 

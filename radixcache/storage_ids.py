@@ -21,10 +21,11 @@ capacity)::
 The whole 16-byte key is compared, so a lookup never returns another key's
 id. A removed entry becomes a tombstone (probe chains stay intact); the
 table is rebuilt, with three slots per live key, when live entries and
-tombstones pass half its slots, so a probe is a few slots long. 24 bytes a
-slot and between a third and a half of them live: 48 to 72 bytes per
-remembered page. Every operation works on a whole batch of keys with numpy:
-no Python object per page.
+tombstones pass half its slots (so a probe is a few slots long), or when
+removals leave fewer than an eighth of its slots live. 24 bytes a slot and,
+while pages are added, between a third and a half of them live: 48 to 72
+bytes per remembered page. Every operation works on a whole batch of keys
+with numpy: no Python object per page.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ class StorageIds:
         self._val[slots[found]] = _TOMB
         self._live -= found.size
         self._tombs += found.size
+        if 8 * self._live < self._val.size and self._val.size > _MIN_CAPACITY:
+            self._rebuild(0)  # give back the room of what left
         return out
 
     def clear(self) -> None:
@@ -158,8 +161,11 @@ class StorageIds:
     # ------------------------------------------------------------------ table
     def _reserve(self, more: int) -> None:
         """Rebuild when ``more`` new keys would fill over half the slots."""
-        if 2 * (self._live + self._tombs + more) <= self._val.size:
-            return
+        if 2 * (self._live + self._tombs + more) > self._val.size:
+            self._rebuild(more)
+
+    def _rebuild(self, more: int) -> None:
+        """A fresh table of three slots per key, for the live keys and ``more``."""
         live = np.flatnonzero(self._val >= 0)
         lo, hi, vals = self._lo[live], self._hi[live], self._val[live]
         self._alloc(max(_MIN_CAPACITY, 3 * (self._live + more)))

@@ -100,3 +100,7 @@ def test_bytes_per_remembered_page() -> None:
     assert 48 <= table.nbytes / n <= 72
     assert held <= table.nbytes + 4096  # nothing per page outside the arrays
     table.check_integrity()
+    # Pages leave storage: the table gives their room back.
+    table.pop([keys[16 * i : 16 * (i + 1)] for i in range(n - 1000)])
+    assert len(table) == 1000 and table.nbytes / 1000 <= 8 * 24
+    table.check_integrity()
