@@ -21,7 +21,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from radixcache.cache import CacheConfig, RadixCache
+    from radixcache.cache import RadixCache
+    from radixcache.cache_config import CacheConfig
     from radixcache.errors import OutOfPagesError, RequestStateError
     from radixcache.eviction import (
         EvictionPolicy,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
-    "CacheConfig": "radixcache.cache",
+    "CacheConfig": "radixcache.cache_config",
     "RadixCache": "radixcache.cache",
     "OutOfPagesError": "radixcache.errors",
     "RequestStateError": "radixcache.errors",

@@ -11,77 +11,30 @@ Lifecycle of one request (all calls on the runner's thread)::
 
 A committed page is shared at once: a request admitted later (or concurrently
 in the same batch) that has the same prefix reuses it.
+
+This module has the request lifecycle, the allocation ladder (allocate,
+settle copies, drain, evict, retry) and the bulk operations. The
+configuration and the wiring of tree and tiers are radixcache/cache_config.py,
+the integrity check radixcache/cache_check.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
+from radixcache.cache_check import check_cache
+from radixcache.cache_config import CacheConfig, build_index
 from radixcache.errors import OutOfPagesError, RequestStateError
-from radixcache.eviction import make_eviction_policy
 from radixcache.events.types import KvEvent
-from radixcache.host_index import HostIndex
 from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
-from radixcache.node import EMPTY_PAGES, Node, PageIds
-from radixcache.offload.host import HostPool
-from radixcache.page_keys import PageKeys
-from radixcache.recorder import EventRecorder, NullRecorder, Recorder
+from radixcache.node import EMPTY_PAGES, PageIds
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
-from radixcache.survivors import announce_survivors
-from radixcache.tier_config import open_storage
-from radixcache.tier_config import TierConfig, TierStats
-from radixcache.tier_hooks import NullTiers, Tiers
-from radixcache.tiers import HostTiers
+from radixcache.tier_config import TierStats
+from radixcache.tier_hooks import Tiers
 from radixcache.tokens import as_tokens
 from radixcache.tree import RadixTree
-from radixcache.tree_check import device_page_ids
-from radixcache.transfer import DeviceKVBuffer, KVSpec, PageAllocator
+from radixcache.transfer import DeviceKVBuffer, PageAllocator
 
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """Configuration of the device tier and the index.
-
-    Give the device pool size as ``device_pages`` or ``device_bytes`` (exactly
-    one). ``allocate_kv=False`` runs the same index and page accounting with
-    no KV tensors (capacity planning, trace replay).
-    """
-
-    spec: KVSpec  # KV geometry; its page_size is the tree's page size
-    device_pages: int | None = None  # device pool size in pages
-    device_bytes: int | None = None  # ...or in bytes (whole pages are kept)
-    device: str = "cpu"  # "cuda" when present, else the CPU
-    eviction_policy: str = "lru"  # lru, lfu, fifo, priority (see radixcache.eviction)
-    allocate_kv: bool = True  # False: index and pools only, no KV tensors
-    tiers: TierConfig | None = None  # host (and storage) tiers; None: device only
-    record_events: bool = False  # record page events for take_events() (routers)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.spec, KVSpec):
-            raise TypeError(f"spec must be a KVSpec, got {type(self.spec).__name__}")
-        if (self.device_pages is None) == (self.device_bytes is None):
-            raise ValueError("give exactly one of device_pages or device_bytes")
-        if self.device_pages is not None and (
-            not isinstance(self.device_pages, int) or self.device_pages <= 0
-        ):
-            raise ValueError(f"device_pages must be a positive int, got {self.device_pages!r}")
-        if self.device_bytes is not None and self.device_bytes < self.spec.page_bytes:
-            raise ValueError(
-                f"device_bytes={self.device_bytes} holds no page of {self.spec.page_bytes} B"
-            )
-        make_eviction_policy(self.eviction_policy)  # validates the name
-        if self.tiers is not None and not self.allocate_kv:
-            raise ValueError("host and storage tiers need KV tensors (allocate_kv=True)")
-
-    @property
-    def num_device_pages(self) -> int:
-        if self.device_pages is not None:
-            return self.device_pages
-        assert self.device_bytes is not None
-        return self.device_bytes // self.spec.page_bytes
+__all__ = ["CacheConfig", "RadixCache"]
 
 
 class RadixCache:
@@ -100,33 +53,13 @@ class RadixCache:
             DeviceKVBuffer(config.spec, num_pages, config.device) if config.allocate_kv else None
         )
         self.pool = PageAllocator(num_pages, "device")
-        policy = make_eviction_policy(config.eviction_policy)
-        recorder: Recorder = (
-            EventRecorder(PageKeys(self.page_size)) if config.record_events else NullRecorder()
-        )
         self.counters = Counters()
         self._live: dict[int, Request] = {}
         self._next_rid = 0
         self._forgets: dict[Namespace, int] = {}  # forget_namespace calls per namespace
-        self.tiers: Tiers = NullTiers()
-        if config.tiers is None:
-            self.tree = RadixTree(self.page_size, policy, recorder)
-        else:
-            assert self.kv is not None
-            host = HostPool(config.spec, config.tiers.host, num_pages)
-            index = HostIndex(host, recorder, self.page_size)
-            self.tree = RadixTree(self.page_size, policy, recorder, index)
-            self.tiers = HostTiers(
-                self.tree,
-                index,
-                self.kv,
-                config.tiers,
-                open_storage(config.tiers, config.spec),
-                self._allocate_or_none,
-                self.pool.free,
-            )
-            if config.record_events:  # what storage kept from an earlier run, for routers
-                announce_survivors(self.tiers.storage, recorder, self.page_size)
+        built = build_index(config, self.kv, self._allocate_or_none, self.pool.free)
+        self.tree: RadixTree = built.tree
+        self.tiers: Tiers = built.tiers
 
     # ------------------------------------------------------------------ lifecycle
     def admit(
@@ -445,40 +378,4 @@ class RadixCache:
         """Verify the tree, the pools, in-flight jobs and every live request
         agree (no leaks, no double ownership, exact lock counts). AssertionError
         if not."""
-        locks: dict[Node, int] = {}
-        private: list[PageIds] = []
-        for req in self._live.values():
-            if req.locked_node is not None:
-                locks[req.locked_node] = locks.get(req.locked_node, 0) + 1
-            table = req.page_table
-            assert req.num_pages * self.page_size >= req.reserved_tokens >= req.num_computed
-            assert req.shared_pages * self.page_size <= max(req.num_computed, req.cached_len)
-            private.append(table[req.shared_pages :])
-            # Shared pages before the first pending load are locked in the tree
-            # (those from it on are covered by the jobs filling them).
-            covered = req.pending[0].start_page if req.pending else req.shared_pages
-            if covered:
-                assert req.locked_node is not None, f"{req!r} shares pages without a lock"
-        self.tree.check_integrity(locks, self.tiers.job_locks())
-        self.pool.check_integrity()
-        self.tiers.check_integrity()
-        tree_pages = device_page_ids(self.tree)
-        job_pages = self.tiers.job_device_pages()
-        owned = np.concatenate([tree_pages, job_pages, *private])
-        assert np.unique(owned).size == owned.size, "a device page is owned twice"
-        allocated = self.pool.allocated_ids()
-        assert np.array_equal(np.sort(owned), allocated), (
-            f"pool accounting: {allocated.size} allocated, {owned.size} owned by tree and requests"
-        )
-        for req in self._live.values():
-            if req.locked_node is None or req.pending:
-                continue
-            parts: list[PageIds] = []
-            node: Node | None = req.locked_node
-            while node is not None and node.device is not None:
-                parts.append(node.device)
-                node = node.parent
-            path = np.concatenate(parts[::-1])
-            assert np.array_equal(path, req.page_table[: req.shared_pages]), (
-                f"{req!r}: shared pages differ from the tree's path to its locked node"
-            )
+        check_cache(self.page_size, self._live.values(), self.tree, self.pool, self.tiers)

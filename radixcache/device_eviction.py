@@ -11,12 +11,16 @@ Only the entry whose ``seq`` equals ``node.heap_seq`` is live; older ones are
 dropped when popped. A live entry whose key went stale (the node was touched
 since) comes out early, since policy keys never decrease, and is pushed again.
 
+The tree keeps the candidates current as it goes (``update`` when a node
+may have become one, ``push`` when a candidate's key changed, a discard from
+``candidates`` on a lock or when a node gains a device child).
+
 What it mutates: its own candidate set and heap, ``node.heap_seq``; and, when
 it drops a victim (``drop_device``), the victim's ``device``, its parent's
-``device_children``, the tree's ``device_pages``/``evictable_pages`` counters,
-and the tree's structure (a victim not resident below the device leaves the
-tree, with its descendants, through the tree's ``NodeRemoval``). A victim may be split
-first (page-granular eviction, ``_tail_victim``).
+``device_children``, the tree's ``device_pages``/``evictable_pages``
+counters, and the tree's structure (a victim not resident below the device
+leaves the tree, with its descendants, through the tree's ``NodeRemoval``).
+A victim may be split first (page-granular eviction, ``_tail_victim``).
 """
 
 from __future__ import annotations
@@ -26,11 +30,9 @@ import itertools
 from collections.abc import Callable
 from typing import Final, Protocol
 
-import numpy as np
-
 from radixcache.eviction import EvictionPolicy
 from radixcache.lower_tiers import LowerTiers
-from radixcache.node import EMPTY_PAGES, EvictResult, Node, PageIds
+from radixcache.node import EvictResult, Node, PageIds, concat_pages
 from radixcache.recorder import Recorder
 from radixcache.tree_removal import NodeRemoval
 
@@ -143,7 +145,7 @@ class DeviceEviction:
         for node in skipped:  # still candidates: give them their heap entry back
             if node in self.candidates:
                 self.push(node)
-        return EvictResult(_concat(dev))
+        return EvictResult(concat_pages(dev))
 
     def _tail_victim(self, node: Node, short: int) -> Node:
         """The part of candidate ``node`` to evict when ``short`` pages are
@@ -192,11 +194,3 @@ class DeviceEviction:
             removal.unlink(node)
         self.update(parent)
         return pages
-
-
-def _concat(parts: list[PageIds]) -> PageIds:
-    if not parts:
-        return EMPTY_PAGES.copy()
-    if len(parts) == 1:
-        return parts[0].copy()
-    return np.concatenate(parts)

@@ -16,6 +16,16 @@ EMPTY_PAGES: PageIds = np.empty(0, dtype=np.int32)
 EMPTY_PAGES.setflags(write=False)
 
 
+def concat_pages(parts: list[PageIds]) -> PageIds:
+    """The page ids of ``parts``, in order, as one new array (a copy even of
+    a single part or of none, so the caller owns it)."""
+    if not parts:
+        return EMPTY_PAGES.copy()
+    if len(parts) == 1:
+        return parts[0].copy()
+    return np.concatenate(parts)
+
+
 class Node:
     """A run of whole pages: ``key`` holds ``num_pages * P`` tokens.
 

@@ -45,17 +45,9 @@ from radixcache.tree_below import BelowDevice
 from radixcache.tree_removal import NodeRemoval
 from radixcache.recorder import NullRecorder, Recorder
 from radixcache.node import EMPTY_PAGES, EvictResult, InsertResult, MatchResult, Node
-from radixcache.node import PageIds, TokenArray
+from radixcache.node import PageIds, TokenArray, concat_pages
 
 GPU: Final = "GPU"  # the device medium, as the recorder names it
-
-
-def _concat(parts: list[PageIds]) -> PageIds:
-    if not parts:
-        return EMPTY_PAGES.copy()
-    if len(parts) == 1:
-        return parts[0].copy()
-    return np.concatenate(parts)
 
 
 class RadixTree:
@@ -140,7 +132,7 @@ class RadixTree:
             node = child
         return MatchResult(
             device_len=device_len,
-            device_pages=_concat(device_parts),
+            device_pages=concat_pages(device_parts),
             last_device_node=last_device,
             host_len=pos - device_len,
             host_nodes=tuple(host_nodes),
@@ -275,7 +267,7 @@ class RadixTree:
             (child := node.children.get(tokens[pos : pos + p].tobytes())) is not None
         )
         if blocked:  # stopped at a node being loaded back: the rest stays with the caller
-            return InsertResult(existing, _concat(parts), node, new_nodes, offsets, pos // p)
+            return InsertResult(existing, concat_pages(parts), node, new_nodes, offsets, pos // p)
         if pos < total and self._can_extend(node):
             old_pages = node.key.size // p
             self._extend_leaf(node, tokens[pos:], pages[pos // p :])
@@ -295,7 +287,7 @@ class RadixTree:
             offsets.append(pos // p)
             parts.append(leaf.device)  # type: ignore[arg-type]
             node = leaf
-        return InsertResult(existing, _concat(parts), node, new_nodes, offsets, total // p)
+        return InsertResult(existing, concat_pages(parts), node, new_nodes, offsets, total // p)
 
     def _can_extend(self, node: Node) -> bool:
         """Whether new pages may be appended to ``node`` itself.

@@ -1,8 +1,8 @@
 """What the tiers below the device do to the radix tree.
 
 ``BelowDevice`` belongs to one ``RadixTree`` (built by it, driven by its
-owner thread). Tier jobs (radixcache/jobs.py) and host eviction
-(radixcache/tiers.py) change the tree only through it:
+owner thread). Tier jobs (radixcache/write_jobs.py, load_jobs.py) and host
+eviction (radixcache/tiers.py) change the tree only through it:
 
 * a load back from the host lands: ``attach_device`` gives a host-only node
   its device pages again;

@@ -13,12 +13,13 @@ recorded at the forget; marked ``forgotten``, they report nothing after::
     live roots  {ns: root}          match/insert see these
     detached    [root(ns, forgotten) -- held nodes only]   swept when free
 
-What it mutates: the tree's roots (the live dict it shares with the tree)
-and its own list of detached roots (``remove_all``: everything); ``children``, ``device_children`` and
+What it mutates: the tree's live roots (the dict it shares with the tree)
+and its own list of detached roots; ``children``, ``device_children`` and
 ``forgotten`` of the nodes it removes or detaches; the tree's
 ``node_count``/``device_pages``/``evictable_pages`` counters; the eviction
 candidates (a removed node leaves them, a parent left childless may join).
-Nothing is removed that a lock or a job holds.
+Nothing is removed that a lock or a job holds, except by ``remove_all``
+(``RadixTree.reset``: everything goes, locks included).
 """
 
 from __future__ import annotations
@@ -26,11 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final, Protocol
 
-import numpy as np
-
 from radixcache.lower_tiers import LowerTiers
 from radixcache.namespace import Namespace
-from radixcache.node import EMPTY_PAGES, ForgetResult, Node, PageIds
+from radixcache.node import EMPTY_PAGES, ForgetResult, Node, PageIds, concat_pages
 from radixcache.recorder import Recorder
 
 GPU: Final = "GPU"  # the device medium, as the recorder names it
@@ -137,7 +136,7 @@ class NodeRemoval:
                     tree.lower.forgotten(node)
                     node.forgotten = True
         root.forgotten = True
-        d = _concat(dev)
+        d = concat_pages(dev)
         return ForgetResult(int(d.size), pending, d)
 
     def sweep_detached(self) -> PageIds:
@@ -150,7 +149,7 @@ class NodeRemoval:
             self._prune(root, dev)
             if not root.children:
                 self.detached.remove(root)
-        return _concat(dev)
+        return concat_pages(dev)
 
     def remove_all(self) -> PageIds:
         """Everything leaves, locks included (``RadixTree.reset``): returns the
@@ -162,7 +161,7 @@ class NodeRemoval:
         tree.eviction.clear()
         tree.recorder.cleared()
         tree.device_pages = tree.evictable_pages = tree.node_count = 0
-        return _concat(dev)
+        return concat_pages(dev)
 
     def all_roots(self) -> list[Node]:
         """Every namespace root, live ones first, then detached (forgotten) ones."""
@@ -198,11 +197,3 @@ class NodeRemoval:
             if node.parent is not None:
                 update(node)  # it may have become a leaf
         return pending
-
-
-def _concat(parts: list[PageIds]) -> PageIds:
-    if not parts:
-        return EMPTY_PAGES.copy()
-    if len(parts) == 1:
-        return parts[0].copy()
-    return np.concatenate(parts)

@@ -103,7 +103,8 @@ def test_only_events_talks_zmq_and_msgpack_only_offload_talks_lmdb() -> None:
 
 def test_the_tree_knows_nothing_of_devices_storage_events_or_threads() -> None:
     tree_modules = (
-        "tree.py", "tree_check.py", "lower_tiers.py", "page_keys.py", "node.py", "eviction.py"
+        "tree.py", "tree_check.py", "lower_tiers.py", "page_keys.py", "node.py", "eviction.py",
+        "device_eviction.py", "tree_removal.py", "tree_below.py",
     )
     for name in tree_modules:
         mods = imports(ROOT / "radixcache" / name)

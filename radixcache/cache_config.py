@@ -1,0 +1,114 @@
+"""The cache's configuration, and the parts it wires together.
+
+``CacheConfig`` is the frozen, validated configuration of the device tier
+and the index (the tiers below the device have their own ``TierConfig``).
+``build_index`` makes what a ``RadixCache`` indexes its pages with: the
+tree, with its event recorder, and the tiers below the device (``NullTiers``
+without them; else a host pool, its ``HostIndex``, storage as configured,
+and ``HostTiers`` driving them). Called once, by ``RadixCache.__init__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from radixcache.eviction import make_eviction_policy
+from radixcache.host_index import HostIndex
+from radixcache.node import PageIds
+from radixcache.offload.host import HostPool
+from radixcache.page_keys import PageKeys
+from radixcache.recorder import EventRecorder, NullRecorder, Recorder
+from radixcache.survivors import announce_survivors
+from radixcache.tier_config import TierConfig, open_storage
+from radixcache.tier_hooks import NullTiers, Tiers
+from radixcache.tiers import AllocateDevice, HostTiers
+from radixcache.transfer import DeviceKVBuffer, KVSpec
+from radixcache.tree import RadixTree
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Configuration of the device tier and the index.
+
+    Give the device pool size as ``device_pages`` or ``device_bytes`` (exactly
+    one). ``allocate_kv=False`` runs the same index and page accounting with
+    no KV tensors (capacity planning, trace replay).
+    """
+
+    spec: KVSpec  # KV geometry; its page_size is the tree's page size
+    device_pages: int | None = None  # device pool size in pages
+    device_bytes: int | None = None  # ...or in bytes (whole pages are kept)
+    device: str = "cpu"  # "cuda" when present, else the CPU
+    eviction_policy: str = "lru"  # lru, lfu, fifo, priority (see radixcache.eviction)
+    allocate_kv: bool = True  # False: index and pools only, no KV tensors
+    tiers: TierConfig | None = None  # host (and storage) tiers; None: device only
+    record_events: bool = False  # record page events for take_events() (routers)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, KVSpec):
+            raise TypeError(f"spec must be a KVSpec, got {type(self.spec).__name__}")
+        if (self.device_pages is None) == (self.device_bytes is None):
+            raise ValueError("give exactly one of device_pages or device_bytes")
+        if self.device_pages is not None and (
+            not isinstance(self.device_pages, int) or self.device_pages <= 0
+        ):
+            raise ValueError(f"device_pages must be a positive int, got {self.device_pages!r}")
+        if self.device_bytes is not None and self.device_bytes < self.spec.page_bytes:
+            raise ValueError(
+                f"device_bytes={self.device_bytes} holds no page of {self.spec.page_bytes} B"
+            )
+        make_eviction_policy(self.eviction_policy)  # validates the name
+        if self.tiers is not None and not self.allocate_kv:
+            raise ValueError("host and storage tiers need KV tensors (allocate_kv=True)")
+
+    @property
+    def num_device_pages(self) -> int:
+        if self.device_pages is not None:
+            return self.device_pages
+        assert self.device_bytes is not None
+        return self.device_bytes // self.spec.page_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CacheIndex:
+    """What ``build_index`` made."""
+
+    tree: RadixTree  # the index, device residency, locks; its recorder records events
+    tiers: Tiers  # the tiers below the device (``NullTiers``: none)
+
+
+def build_index(
+    config: CacheConfig,
+    kv: DeviceKVBuffer | None,
+    allocate_device: AllocateDevice,
+    free_device: Callable[[PageIds], None],
+) -> CacheIndex:
+    """The tree and the tiers for ``config``. ``kv`` is the device KV buffer
+    (None without KV tensors); the tiers take device pages for load-back
+    through ``allocate_device`` (None when there is no room) and give them
+    back through ``free_device``. With storage and ``record_events``, what
+    storage kept from an earlier run is announced at once (for routers)."""
+    page_size = config.spec.page_size
+    policy = make_eviction_policy(config.eviction_policy)
+    recorder: Recorder = (
+        EventRecorder(PageKeys(page_size)) if config.record_events else NullRecorder()
+    )
+    if config.tiers is None:
+        return CacheIndex(RadixTree(page_size, policy, recorder), NullTiers())
+    assert kv is not None
+    host = HostPool(config.spec, config.tiers.host, config.num_device_pages)
+    index = HostIndex(host, recorder, page_size)
+    tree = RadixTree(page_size, policy, recorder, index)
+    tiers = HostTiers(
+        tree,
+        index,
+        kv,
+        config.tiers,
+        open_storage(config.tiers, config.spec),
+        allocate_device,
+        free_device,
+    )
+    if config.record_events:  # what storage kept from an earlier run, for routers
+        announce_survivors(tiers.storage, recorder, page_size)
+    return CacheIndex(tree, tiers)
