@@ -101,7 +101,10 @@ def test_bytes_per_remembered_page() -> None:
     held = sum(trace.size for trace in snapshot.traces)
     assert len(table) == n
     assert 48 <= table.nbytes / n <= 72
-    assert table.nbytes <= held <= table.nbytes + 4096  # nothing per page outside the arrays
+    # Nothing per page outside the arrays: a Python object per page would be
+    # over 32 bytes each (640 kB here); numpy keeps a small cache of freed
+    # small blocks, whatever the table's size (measured 18-32 kB).
+    assert table.nbytes <= held <= table.nbytes + 64 * 1024
     table.check_integrity()
     # Pages leave storage: the table gives their room back.
     table.pop([keys[16 * i : 16 * (i + 1)] for i in range(n - 1000)])
