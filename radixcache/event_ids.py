@@ -6,7 +6,9 @@ A page's id depends on its namespace and its whole prefix (see
 its parent. Each node caches the ids of its pages in ``node.ids`` (an int64
 array; a prefix of them when the node was extended since), so an id is
 computed once per page: the recorder asks for a node's ids when it records a
-store or a removal, and a split hands each piece its part of the cache.
+store or a removal, a store job when it writes the ids into the pages'
+storage records (``survivors.put_meta``), and a split hands each piece its
+part of the cache.
 
 This is the event side only. Storage keys (``hashing.chain_keys``, blake2b)
 are computed by the tiers for the pages they write to or look up in storage.

@@ -156,21 +156,6 @@ def block_ids(
     return c.view(np.int64)
 
 
-def block_hash(key: bytes) -> int:
-    """The 63-bit integer form of one 16-byte storage key (the id events used
-    before ``block_ids``; kept while the recorder moves over)."""
-    return int.from_bytes(key[:8], "big") >> 1
-
-
-def block_hashes(keys: bytes) -> list[int]:
-    """``block_hash`` of each of the concatenated 16-byte storage keys."""
-    n = len(keys) // KEY_BYTES
-    if n <= 16:  # below this, numpy's call overhead costs more than the loop
-        return [int.from_bytes(keys[i : i + 8], "big") >> 1 for i in range(0, n * KEY_BYTES, KEY_BYTES)]
-    lanes = np.frombuffer(keys, dtype=">u8")[::2] >> np.uint64(1)
-    return [int(x) for x in lanes.tolist()]
-
-
 def block_id_of_sequence(
     tokens: npt.NDArray[np.int32], page_size: int, parent: int | None, seed: int
 ) -> list[int]:

@@ -4,9 +4,12 @@ A page's key binds its namespace and its whole prefix::
 
     key(page i) = chain(key(page i-1), tokens of page i)      key(page -1) = namespace digest
 
-They name pages in storage and, as integer block hashes, in events. Each
-node caches the keys of its pages in ``node.keys`` (a prefix of them when the
-node was extended since), so a key is computed once per page. ``PageKeys``
+They name pages in storage only (events use the fast ids of
+``radixcache.event_ids``): the tiers compute them for the pages they write
+to or look up in storage, and the recorder reads them back from the cache to
+remember which id a stored page was announced with. Each node caches the
+keys of its pages in ``node.keys`` (a prefix of them when the node was
+extended since), so a key is computed once per page. ``PageKeys``
 holds no state of its own: the tree and the event recorder may each have one.
 """
 

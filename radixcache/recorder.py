@@ -2,11 +2,23 @@
 
 The tree and the tiers report every residency change of every page here, at
 the moment it happens (a node may be split or removed before the owner drains
-the events, so each record is built at once from the node's cached page
-keys). Serialization and transport live in ``events/``; this module only
+the events, so each record is built at once from the node's cached event
+ids). Serialization and transport live in ``events/``; this module only
 builds its records. Ordering follows invariant 5 of ARCHITECTURE.md because
 the callers report in the order things happen: a page's store on a new medium
 is recorded before its removal from the old one.
+
+Events name a page by its fast block id (``radixcache.event_ids``), the same
+on every medium: GPU, CPU_PINNED and DISK events of one page carry one id,
+and the store jobs write it into the page's storage record, so survivors
+announced after a restart carry it too. Storage reports removals by page key
+only; the recorder remembers the id of every page it announced on a storage
+medium (``StorageIds``) and announces the removal under that id. A removed
+key it never announced (a record of another writer, one written before the
+last ``cleared``, a raw page) is not announced at all, never under a guessed
+id: no router was told of it by this engine. ``unknown_removals`` counts them.
+No blake2b runs for a page that is not on storage: a stored page's keys are
+those its store job cached on the node.
 """
 
 from __future__ import annotations
@@ -17,19 +29,15 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
-from radixcache.hashing import KEY_BYTES, block_hashes
+from radixcache.event_ids import EventIds
+from radixcache.events.types import DISK, EXTERNAL, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
+from radixcache.hashing import KEY_BYTES, BlockIds
 from radixcache.namespace import Namespace
 from radixcache.node import Node
+from radixcache.page_keys import PageKeys
+from radixcache.storage_ids import StorageIds
 
-
-def event_ids(keys: bytes) -> list[int]:
-    """Event block ids (ints in [0, 2**63)) of concatenated page keys.
-
-    The one place the engine turns page keys into the ids its events (and
-    its storage records) carry: swapping the id function is a change here.
-    """
-    return block_hashes(keys)
+STORAGE_MEDIA: frozenset[Medium] = frozenset((DISK, EXTERNAL))  # media whose removals come by key
 
 
 def _ns_fields(ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
@@ -46,7 +54,10 @@ class Recorder(Protocol):
     """
 
     def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
-        """Pages ``[start, start+count)`` of ``node`` became resident on ``medium``."""
+        """Pages ``[start, start+count)`` of ``node`` became resident on
+        ``medium``. On a storage medium (DISK, EXTERNAL) their storage keys
+        are those the store or read used (``tree.page_keys``, cached on the
+        node): the recorder keeps them to announce the pages' removal."""
         ...
 
     def removed(self, node: Node, medium: Medium) -> None:
@@ -54,7 +65,9 @@ class Recorder(Protocol):
         ...
 
     def removed_keys(self, keys: Sequence[bytes], medium: Medium) -> None:
-        """Pages known only by their 16-byte keys left ``medium``."""
+        """Pages known only by their 16-byte storage keys left ``medium``
+        (announced under the ids they were stored with; unknown keys are not
+        announced)."""
         ...
 
     def cleared(self) -> None:
@@ -68,10 +81,12 @@ class Recorder(Protocol):
         tokens: npt.NDArray[np.int32],
         namespace: Namespace,
         medium: Medium,
+        keys: bytes = b"",
     ) -> None:
         """Pages known by their event ids (not by a node) became resident on
         ``medium``: consecutive pages chaining from ``parent_id``, ``tokens``
-        all their token ids (storage survivors announced at start)."""
+        all their token ids, ``keys`` their concatenated storage keys (for
+        a storage medium; storage survivors announced at start)."""
         ...
 
     def take(self) -> list[KvEvent]:
@@ -101,6 +116,7 @@ class NullRecorder:
         tokens: npt.NDArray[np.int32],
         namespace: Namespace,
         medium: Medium,
+        keys: bytes = b"",
     ) -> None:
         pass
 
@@ -108,14 +124,11 @@ class NullRecorder:
         return []
 
 
-class KeySource(Protocol):
-    """The part of the tree the recorder needs: chained page keys."""
+class PageSized(Protocol):
+    """What the recorder needs of its tree: the page size (a ``RadixTree``,
+    a ``PageKeys``)."""
 
     page_size: int
-
-    def page_keys(self, node: Node) -> bytes: ...
-
-    def parent_key(self, node: Node) -> bytes | None: ...
 
 
 class EventRecorder:
@@ -124,30 +137,33 @@ class EventRecorder:
     Consecutive removals on the same medium are merged into one record.
     Stores carry the node's namespace: ``lora_id``/``lora_name``, and for a
     namespace with a salt or extra keys ``cache_salt`` and one ``extra_keys``
-    entry per block (see ``Namespace.event_extra``).
+    entry per block (see ``Namespace.event_extra``). Mutates the ``ids``
+    cache of the nodes it reports (and, for a page stored on a storage medium
+    whose key was not cached yet, the ``keys`` cache).
     """
 
-    def __init__(self, keys: KeySource) -> None:
-        self._keys = keys
+    def __init__(self, tree: PageSized) -> None:
+        self.page_size = tree.page_size
+        self.ids = EventIds(tree.page_size)
+        self._keys = PageKeys(tree.page_size)
+        self.storage_ids = StorageIds()  # storage key -> id, for removals known by key
+        self.unknown_removals = 0  # removed storage keys never announced here: not announced
         self._events: list[KvEvent] = []
         self._ns: dict[Namespace, tuple[str | None, tuple[Any, ...] | None]] = {}
 
     def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
         if count <= 0 or node.forgotten:
             return
-        keys = self._keys.page_keys(node)
-        p = self._keys.page_size
-        if start > 0:
-            parent: bytes | None = keys[(start - 1) * KEY_BYTES : start * KEY_BYTES]
-        else:
-            parent = self._keys.parent_key(node)
-        self._append(
-            event_ids(keys[start * KEY_BYTES : (start + count) * KEY_BYTES]),
-            None if parent is None else event_ids(parent)[0],
-            node.key[start * p : (start + count) * p],
-            node.namespace,
-            medium,
-        )
+        ids = self.ids.node_ids(node)
+        parent = int(ids[start - 1]) if start > 0 else self.ids.parent_id(node)
+        run = ids[start : start + count]
+        p = self.page_size
+        self._append(run.tolist(), parent, node.key[start * p : (start + count) * p], node.namespace, medium)
+        if medium in STORAGE_MEDIA:
+            # (cached on the node by the store job; for a page read back from
+            # storage they are computed here once: the read costs far more)
+            keys = self._keys.page_keys(node)[start * KEY_BYTES : (start + count) * KEY_BYTES]
+            self._remember(keys, run, medium)
 
     def stored_ids(
         self,
@@ -156,9 +172,22 @@ class EventRecorder:
         tokens: npt.NDArray[np.int32],
         namespace: Namespace,
         medium: Medium,
+        keys: bytes = b"",
     ) -> None:
-        if block_ids:
-            self._append(block_ids, parent_id, tokens, namespace, medium)
+        if not block_ids:
+            return
+        self._append(block_ids, parent_id, tokens, namespace, medium)
+        if keys and medium in STORAGE_MEDIA:
+            self._remember(keys, np.array(block_ids, dtype=np.int64), medium)
+
+    def _remember(self, keys: bytes, ids: BlockIds, medium: Medium) -> None:
+        """Keep the ids of pages announced on a storage medium for their
+        removal. A page announced before under another id (a record written
+        by older code, announced at start with the id it holds, then read
+        back under its current id) is announced gone under the old one."""
+        replaced = self.storage_ids.add(keys, ids)
+        if replaced.size:
+            self._remove(replaced.tolist(), medium)
 
     def _append(
         self, ids: list[int], parent: int | None, tokens: npt.NDArray[np.int32], ns: Namespace, medium: Medium
@@ -169,7 +198,7 @@ class EventRecorder:
         salt, extra = fields
         self._events.append(
             BlockStored(
-                ids, parent, tokens.tolist(), self._keys.page_size, ns.lora_id, medium, ns.lora_name,
+                ids, parent, tokens.tolist(), self.page_size, ns.lora_id, medium, ns.lora_name,
                 salt, None if extra is None else [extra] * len(ids),
             )
         )
@@ -177,11 +206,20 @@ class EventRecorder:
     def removed(self, node: Node, medium: Medium) -> None:
         if node.forgotten:
             return
-        self._remove(event_ids(self._keys.page_keys(node)), medium)
+        self._remove(self.ids.node_ids(node).tolist(), medium)
 
     def removed_keys(self, keys: Sequence[bytes], medium: Medium) -> None:
-        if keys:
-            self._remove(event_ids(b"".join(keys)), medium)
+        if not keys:
+            return
+        try:
+            ids = self.storage_ids.pop(keys)
+        except ValueError:  # a raw page's key among them: raw pages carry no event id
+            ids = self.storage_ids.pop([k for k in keys if len(k) == KEY_BYTES])
+            self.unknown_removals += len(keys) - ids.size
+        known = ids[ids >= 0]
+        self.unknown_removals += ids.size - known.size
+        if known.size:
+            self._remove(known.tolist(), medium)
 
     def _remove(self, hashes: list[int], medium: Medium) -> None:
         last = self._events[-1] if self._events else None
@@ -191,6 +229,7 @@ class EventRecorder:
             self._events.append(BlockRemoved(block_hashes=hashes, medium=medium))
 
     def cleared(self) -> None:
+        self.storage_ids.clear()  # every page was announced gone: none is known any more
         self._events.append(AllBlocksCleared())
 
     def take(self) -> list[KvEvent]:

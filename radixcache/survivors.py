@@ -7,9 +7,15 @@ same block ids, parents and token ids as the events of the pages' first life.
 Routers then know the disk tier of a restarted engine before any traffic.
 
 What makes that possible is written on every put: ``put_meta`` gives the
-storage, for a run of pages, their event ids, the id of the page before the
-first, the first page's depth in its prefix and the namespace's ``info``
-bytes (``Namespace.to_info``). ``announce_survivors`` reads them back
+storage, for a run of pages, their event ids (the fast block ids of
+``radixcache.event_ids``, the ids their GPU and CPU events carry), the id of
+the page before the first, the first page's depth in its prefix and the
+namespace's ``info`` bytes (``Namespace.to_info``). A survivor is announced
+with the ids its record holds, and the recorder keeps them (by storage key)
+for the page's later removal. Records written before events used fast ids
+hold ids derived from their storage keys: they are announced, and later
+removed, under those; should such a page be read back, the recorder
+announces it under its fast id and the old id gone. ``announce_survivors`` reads them back
 (``scan``, header reads only), orders pages parents first, and records, per
 chain, one ``BlockStored`` of at most ``max_pages`` pages::
 
@@ -37,12 +43,12 @@ import numpy as np
 import numpy.typing as npt
 
 from radixcache.events.types import DISK, Medium
-from radixcache.hashing import KEY_BYTES
+from radixcache.event_ids import EventIds
 from radixcache.namespace import Namespace
 from radixcache.node import Node
 from radixcache.offload.record import RecordMeta
 from radixcache.offload.storage import PutMeta
-from radixcache.recorder import KeySource, Recorder, event_ids
+from radixcache.recorder import Recorder
 
 
 @runtime_checkable
@@ -68,22 +74,23 @@ class SurvivorReport:
     unannounceable: int  # records without an event id, raw, or unreadable
 
 
-def put_meta(keys: KeySource, nodes: Sequence[Node]) -> PutMeta:
+def put_meta(ids: EventIds, nodes: Sequence[Node]) -> PutMeta:
     """The ``PutMeta`` of a store job writing every page of ``nodes`` (one
-    run, path order): event ids, the parent's id, the first page's depth and
-    the namespace's info bytes."""
+    run, path order): event ids (cached on the nodes, as their events use
+    them), the parent's id, the first page's depth and the namespace's info
+    bytes."""
     first = nodes[0]
-    ids = event_ids(b"".join(keys.page_keys(n) for n in nodes))
-    parent_key = keys.parent_key(first)
+    parts = [ids.node_ids(n) for n in nodes]
+    block_ids = (parts[0] if len(parts) == 1 else np.concatenate(parts)).tolist()
     depth = 0
     n = first.parent
     while n is not None and n.parent is not None:
         depth += int(n.key.size)
         n = n.parent
     return PutMeta(
-        block_ids=ids,
-        parent_block_id=None if parent_key is None else event_ids(parent_key[:KEY_BYTES])[0],
-        first_depth=depth // keys.page_size,
+        block_ids=block_ids,
+        parent_block_id=ids.parent_id(first),
+        first_depth=depth // ids.page_size,
         info=first.namespace.to_info(),
     )
 
@@ -145,7 +152,8 @@ def announce_survivors(
         if ns is None or not ok:
             unannounceable += len(run)  # its subtree is skipped with it (not counted)
             continue
-        recorder.stored_ids(run, parent, np.concatenate([t for t in tokens if t is not None]), ns, medium)
+        keys = b"".join(by_id[b].key for b in run)
+        recorder.stored_ids(run, parent, np.concatenate([t for t in tokens if t is not None]), ns, medium, keys)
         announced += len(run)
         events += 1
         stack.extend((b, run[-1]) for b in reversed(children.get(run[-1], [])))

@@ -38,6 +38,7 @@ from radixcache.eviction import EvictionPolicy
 from radixcache.lower_tiers import LowerTiers, NoLowerTiers
 from radixcache.hashing import KEY_BYTES
 from radixcache.namespace import Namespace
+from radixcache.event_ids import EventIds
 from radixcache.page_keys import PageKeys
 from radixcache.tree_check import check_tree
 from radixcache.tree_below import BelowDevice
@@ -75,6 +76,7 @@ class RadixTree:
         self.evictable_pages = 0
         self.node_count = 0
         self.keys = PageKeys(page_size)
+        self.ids = EventIds(page_size)  # event ids of nodes (store jobs write them into records)
         self.recorder: Recorder = NullRecorder() if recorder is None else recorder
         self.lower: LowerTiers = NoLowerTiers() if lower is None else lower
         self.eviction = DeviceEviction(self, policy)  # candidates in policy order

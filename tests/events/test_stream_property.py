@@ -33,9 +33,9 @@ from radixcache.events import (
 from radixcache.offload.host import HostPoolConfig
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.record import record_size
-from radixcache.recorder import event_ids
 from radixcache.tiers import HostTiers, TierConfig
 from tests.events.events_testkit import sync
+from tests.radixcache.idkit import assert_stored_ids_match, record_ids, reference_ids
 from tests.radixcache.tierkit import SPEC, compute
 
 P = SPEC.page_size
@@ -50,6 +50,7 @@ class Rig:
         self.store = store
         self.policy = policy
         self.storage_log: list[tuple[str, list[int], Any]] = []
+        self.key_ids: dict[bytes, int] = {}  # storage key -> the id its put recorded
         self.forgets = False  # whether the workload calls forget_namespace now and then
         self.cache = self._cache()
         self.pub = ZmqEventPublisher(PublisherConfig(
@@ -87,12 +88,15 @@ class Rig:
 
         def logged_put(keys: Any, *args: Any, **kwargs: Any) -> Any:
             ticket = put(keys, *args, **kwargs)
-            self.storage_log.append(("put", event_ids(b"".join(keys)), ticket))
+            meta = kwargs.get("meta", args[4] if len(args) > 4 else None)
+            ids = [] if meta is None else list(meta.block_ids)
+            self.key_ids.update(zip(keys, ids))
+            self.storage_log.append(("put", ids, ticket))
             return ticket
 
         def logged_take() -> list[bytes]:
             keys = take()
-            self.storage_log.append(("removed", event_ids(b"".join(keys)), None))
+            self.storage_log.append(("removed", [self.key_ids.get(k, -1) for k in keys], None))
             return keys
 
         def logged_forget(ns: bytes) -> Any:
@@ -184,7 +188,7 @@ class Rig:
         for node in tree.nodes():
             if node.forgotten:  # held after a forget: invisible, announced gone at the forget
                 continue
-            ids = event_ids(tree.page_keys(node))
+            ids = reference_ids(tree, node)
             if node.device is not None:
                 out["GPU"].update(ids)
             if node.host is not None:
@@ -193,7 +197,9 @@ class Rig:
         assert isinstance(tiers, HostTiers)
         storage = tiers.controller.storage
         assert isinstance(storage, LmdbStorage)
-        out["DISK"] = set(event_ids(b"".join(storage.stored_keys())))
+        by_key = record_ids(storage, P)
+        assert_stored_ids_match(tree, by_key)  # a page's DISK id is its GPU/CPU id
+        out["DISK"] = set(by_key.values())
         return out
 
     def router(self) -> dict[str, set[int]]:

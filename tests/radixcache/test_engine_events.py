@@ -34,10 +34,10 @@ from radixcache.offload.host import HostPoolConfig
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.record import record_size
 from radixcache import CacheConfig, KVSpec, Namespace, OutOfPagesError, RadixCache
-from radixcache.hashing import block_hashes
 from radixcache.tiers import HostTiers, TierConfig
 from tests.events import peer_structs
 from tests.events.events_testkit import replay, sync
+from tests.radixcache.idkit import assert_stored_ids_match, record_ids, reference_ids
 from tests.radixcache.tierkit import compute
 
 P = 4
@@ -87,7 +87,7 @@ def engine_residency(cache: RadixCache) -> dict[str, set[int]]:
     for node in tree.nodes():
         if node.forgotten:  # held after a forget: invisible, announced gone at the forget
             continue
-        hashes = block_hashes(tree.page_keys(node))
+        hashes = reference_ids(tree, node)
         if node.device is not None:
             out["GPU"].update(hashes)
         if node.host is not None:
@@ -96,7 +96,9 @@ def engine_residency(cache: RadixCache) -> dict[str, set[int]]:
     assert isinstance(tiers, HostTiers)
     storage = tiers.controller.storage
     assert isinstance(storage, LmdbStorage)
-    out["DISK"] = set(block_hashes(b"".join(storage.stored_keys())))
+    by_key = record_ids(storage, tree.page_size)
+    assert_stored_ids_match(tree, by_key)  # a page's DISK id is its GPU/CPU id
+    out["DISK"] = set(by_key.values())
     return out
 
 
@@ -186,8 +188,8 @@ def test_events_of_one_insert_and_its_eviction(tmp_path: Path) -> None:
     cache.release(req)
     (stored,) = cache.take_events()
     assert isinstance(stored, BlockStored)
-    keys = cache.tree.page_keys(next(iter(cache.tree.nodes())))
-    assert stored.block_hashes == block_hashes(keys)
+    assert stored.block_hashes == reference_ids(cache.tree, next(iter(cache.tree.nodes())))
+    assert next(iter(cache.tree.nodes())).keys is None  # no storage key computed for an event
     assert stored.parent_block_hash is None and stored.block_size == P
     assert stored.token_ids == list(range(8))
     assert (stored.lora_id, stored.lora_name, stored.medium) == (7, "adapter-7", "GPU")
@@ -248,7 +250,7 @@ def test_forget_while_held_never_removes_the_recomputed_pages(tmp_path: Path) ->
     compute(cache, old, 13)
     cache.drain()  # host copies and storage records land
     publish()
-    ids = {h for n in cache.tree.nodes() for h in block_hashes(cache.tree.page_keys(n))}
+    ids = {h for n in cache.tree.nodes() for h in reference_ids(cache.tree, n)}
     assert len(ids) == 3
     assert ids <= index.resident("engine", "GPU") and ids <= index.resident("engine", "CPU_PINNED")
 
@@ -449,8 +451,28 @@ def test_engine_restart_on_the_same_storage(tmp_path: Path) -> None:
                                lora_id=e.lora_id, lora_name=e.lora_name, cache_salt=e.cache_salt,
                                extra_keys=None if e.extra_keys is None or e.extra_keys[0] is None
                                else tuple(e.extra_keys[0])[1 if e.cache_salt else 0:]).values())
-            # Traffic after the restart keeps the two equal.
+            # A page of the first life served again by the new incarnation
+            # (read back or recomputed) carries the id it was announced with
+            # on disk: its device event names the same page.
+            first_page = next(e for e in survivors if isinstance(e, BlockStored) and e.parent_block_hash is None)
+            ns = next(
+                t for t in TENANTS
+                if (t.lora_id, t.lora_name, t.wire_salt(), t.event_extra())
+                == (first_page.lora_id, first_page.lora_name, first_page.cache_salt,
+                    None if first_page.extra_keys is None else first_page.extra_keys[0])
+            )
+            req = cache.admit(np.asarray(first_page.token_ids[:P] + [0], dtype=np.int32), ns)
+            compute(cache, req, req.num_tokens - req.num_computed)
+            cache.release(req)
+            cache.drain()
+            again = cache.take_events()
+            pub.publish(again)
+            gpu = [h for e in again if isinstance(e, BlockStored) and e.medium == "GPU" for h in e.block_hashes]
+            assert gpu == [first_page.block_hashes[0]]
+            # Traffic after the restart keeps the two equal (the first life's
+            # prompts too: pages read back from its records).
             tenant_workload(cache, pub.publish, seed=12, steps=80)
+            tenant_workload(cache, pub.publish, seed=11, steps=40)
             sync(pub, sub, "engine")
             assert router_residency(index) == engine_residency(cache)
         finally:
@@ -474,9 +496,10 @@ def test_survivors_come_parents_first_and_orphans_are_held_by_id(tmp_path: Path)
     cache.poll()
     storage = tiers.controller.storage
     assert isinstance(storage, LmdbStorage)
-    keys = cache.tree.page_keys(next(n for n in cache.tree.nodes() if n.key.size == 3 * P))
-    ids = block_hashes(keys)
-    assert set(block_hashes(b"".join(storage.stored_keys()))) == set(ids)
+    node = next(n for n in cache.tree.nodes() if n.key.size == 3 * P)
+    keys = cache.tree.page_keys(node)
+    ids = reference_ids(cache.tree, node)
+    assert record_ids(storage, P) == {keys[i * 16 : (i + 1) * 16]: ids[i] for i in range(3)}
     assert storage.delete([keys[16:32]]).wait(10)  # the middle page leaves storage first
     cache.close()
 
