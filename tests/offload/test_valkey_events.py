@@ -127,3 +127,45 @@ def test_removed_pool_pages_are_announced_as_external(pool_url: str, pool_server
         assert sorted(removed) == sorted(stored)
     finally:
         a.close()
+
+
+def test_a_pool_page_is_announced_gone_only_by_the_engine_that_announced_it(
+    pool_url: str, pool_servers: Any
+) -> None:
+    """B computes the same prompt while A writes it: B's put finds A's records
+    there, so B announces no EXTERNAL store, and when the records go B
+    announces no removal either (it counts them as unknown), while A does."""
+    prompt = np.arange(9000, 9000 + 2 * P + 1, dtype=np.int32)
+    a, b = engine(pool_url), engine(pool_url)
+    try:
+        req_b = b.admit(prompt)  # nothing in the pool yet: B computes it all
+        assert req_b.num_computed == 0
+        a.release(prefill(a, prompt))
+        a.drain()
+        compute(b, req_b, prompt.size)
+        b.release(req_b)
+        b.drain()
+        stored = hashes(a.take_events(), "EXTERNAL")
+        assert len(stored) == 2
+        assert hashes(b.take_events(), "EXTERNAL") == []
+        for node in getattr(pool_servers, "nodes", [pool_servers]):  # DEL each record
+            with node.client() as client:
+                for key in list(client.scan_iter(match=b"rxkv:*")):
+                    client.delete(key)
+        removed_a: list[int] = []
+        removed_b: list[int] = []
+        recorder_b = b.tree.recorder
+        for _ in range(250):  # notifications arrive asynchronously
+            a.drain()
+            b.drain()
+            removed_a += hashes(a.take_events(), "EXTERNAL", BlockRemoved)
+            removed_b += hashes(b.take_events(), "EXTERNAL", BlockRemoved)
+            if len(removed_a) >= 2 and getattr(recorder_b, "unknown_removals", 0) >= 2:
+                break
+            time.sleep(0.02)
+        assert sorted(removed_a) == sorted(stored)
+        assert getattr(recorder_b, "unknown_removals", 0) == 2  # B saw both go
+        assert removed_b == []
+    finally:
+        a.close()
+        b.close()
