@@ -196,9 +196,14 @@ class EventRecorder:
         if fields is None:
             fields = self._ns[ns] = _ns_fields(ns)
         salt, extra = fields
+        # The tokens go out as a read-only int32 view of the tree's key (no
+        # Python int per token on the owner thread; the encoder writes them
+        # as a list). Tree keys are never changed in place.
+        view = tokens.view()
+        view.flags.writeable = False
         self._events.append(
             BlockStored(
-                ids, parent, tokens.tolist(), self.page_size, ns.lora_id, medium, ns.lora_name,
+                ids, parent, view, self.page_size, ns.lora_id, medium, ns.lora_name,
                 salt, None if extra is None else [extra] * len(ids),
             )
         )

@@ -191,7 +191,9 @@ def test_events_of_one_insert_and_its_eviction(tmp_path: Path) -> None:
     assert stored.block_hashes == reference_ids(cache.tree, next(iter(cache.tree.nodes())))
     assert next(iter(cache.tree.nodes())).keys is None  # no storage key computed for an event
     assert stored.parent_block_hash is None and stored.block_size == P
-    assert stored.token_ids == list(range(8))
+    assert stored.token_ids.tolist() == list(range(8))
+    with pytest.raises(ValueError, match="read-only"):  # a view of the tree's key: never writable
+        stored.token_ids[0] = 99
     assert (stored.lora_id, stored.lora_name, stored.medium) == (7, "adapter-7", "GPU")
     assert all(0 <= h < 2**63 for h in stored.block_hashes)
     assert cache.take_events() == []  # drained
@@ -211,7 +213,7 @@ def test_same_tokens_in_two_namespaces_get_distinct_hashes() -> None:
         cache.release(req)
     a, b = cache.take_events()
     assert isinstance(a, BlockStored) and isinstance(b, BlockStored)
-    assert a.token_ids == b.token_ids and a.block_hashes != b.block_hashes
+    assert a.token_ids.tolist() == b.token_ids.tolist() and a.block_hashes != b.block_hashes
 
 
 def test_extending_a_leaf_announces_only_new_pages_with_parent() -> None:
@@ -223,7 +225,7 @@ def test_extending_a_leaf_announces_only_new_pages_with_parent() -> None:
         compute(cache, req, 1)
     first, second = cache.take_events()
     assert isinstance(first, BlockStored) and isinstance(second, BlockStored)
-    assert first.token_ids == [0, 1, 2, 3] and second.token_ids == [4, 100, 101, 102]
+    assert first.token_ids.tolist() == [0, 1, 2, 3] and second.token_ids.tolist() == [4, 100, 101, 102]
     assert second.parent_block_hash == first.block_hashes[-1]
     cache.release(req)
 
@@ -461,7 +463,7 @@ def test_engine_restart_on_the_same_storage(tmp_path: Path) -> None:
                 == (first_page.lora_id, first_page.lora_name, first_page.cache_salt,
                     None if first_page.extra_keys is None else first_page.extra_keys[0])
             )
-            req = cache.admit(np.asarray(first_page.token_ids[:P] + [0], dtype=np.int32), ns)
+            req = cache.admit(np.asarray(list(first_page.token_ids[:P]) + [0], dtype=np.int32), ns)
             compute(cache, req, req.num_tokens - req.num_computed)
             cache.release(req)
             cache.drain()
@@ -510,7 +512,8 @@ def test_survivors_come_parents_first_and_orphans_are_held_by_id(tmp_path: Path)
         ([ids[2]], ids[1], "DISK"),
     ]
     stored = [e for e in events if isinstance(e, BlockStored)]
-    assert stored[0].token_ids == prompt[:P].tolist() and stored[1].token_ids == prompt[2 * P : 3 * P].tolist()
+    assert list(stored[0].token_ids) == prompt[:P].tolist()
+    assert list(stored[1].token_ids) == prompt[2 * P : 3 * P].tolist()
     assert all(e.cache_salt == ns.wire_salt() and e.extra_keys == [ns.event_extra()] for e in stored)
     index = KvIndex(IndexConfig(block_size=P))
     index.apply_batch("engine", EventBatch(0.0, events))
