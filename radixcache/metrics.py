@@ -123,6 +123,9 @@ def collect(cache: RadixCache, publisher: EventPublisher | None = None) -> list[
                  st.corrupt),
                 ("storage_failed_ops", "counter", "Storage operations that failed", {},
                  st.failed_ops),
+                ("storage_unknown_removals", "counter",
+                 "Storage removals not announced: pages this engine never announced stored",
+                 {}, cache.tree.recorder.unknown_removals),
             ]
     out += token_series(cache)
     if publisher is not None:

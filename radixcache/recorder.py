@@ -53,6 +53,8 @@ class Recorder(Protocol):
     when its namespace was forgotten: reports about it are dropped.
     """
 
+    unknown_removals: int  # storage removals of pages never announced here (not announced)
+
     def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
         """Pages ``[start, start+count)`` of ``node`` became resident on
         ``medium``. On a storage medium (DISK, EXTERNAL) their storage keys
@@ -96,6 +98,8 @@ class Recorder(Protocol):
 
 class NullRecorder:
     """Events disabled: every report is dropped."""
+
+    unknown_removals = 0
 
     def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
         pass

@@ -16,6 +16,7 @@ import pytest
 
 from radixcache import CacheConfig, RadixCache
 from radixcache.events.types import BlockRemoved, BlockStored, KvEvent
+from radixcache.metrics import snapshot
 from radixcache.offload.host import HostPoolConfig
 from radixcache.tier_config import TierConfig
 from tests.radixcache.tierkit import P, SPEC, assert_kv_correct, compute, prefill
@@ -160,12 +161,14 @@ def test_a_pool_page_is_announced_gone_only_by_the_engine_that_announced_it(
             b.drain()
             removed_a += hashes(a.take_events(), "EXTERNAL", BlockRemoved)
             removed_b += hashes(b.take_events(), "EXTERNAL", BlockRemoved)
-            if len(removed_a) >= 2 and getattr(recorder_b, "unknown_removals", 0) >= 2:
+            if len(removed_a) >= 2 and recorder_b.unknown_removals >= 2:
                 break
             time.sleep(0.02)
         assert sorted(removed_a) == sorted(stored)
-        assert getattr(recorder_b, "unknown_removals", 0) == 2  # B saw both go
+        assert recorder_b.unknown_removals == 2  # B saw both go
         assert removed_b == []
+        assert snapshot(b)["storage_unknown_removals"] == 2.0
+        assert snapshot(a)["storage_unknown_removals"] == 0.0
     finally:
         a.close()
         b.close()
