@@ -27,7 +27,6 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
-import time
 import types
 from array import array
 from collections.abc import Callable, Iterator
@@ -195,13 +194,3 @@ def rss_bytes() -> int:
     that tracemalloc cannot see)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def timed(fn: Callable[[int], object], n: int) -> list[float]:
-    out = []
-    clock = time.perf_counter
-    for i in range(n):
-        t0 = clock()
-        fn(i)
-        out.append(clock() - t0)
-    return out

@@ -30,12 +30,12 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from radixcache.cli.bench import tree_targets
+from radixcache.cli.bench.tree_api import timed
 from radixcache.cli.bench.naive import NaiveCache, naive_page_hashes
 from radixcache.eviction import make_eviction_policy
 from radixcache.hashing import block_ids, chain_keys, namespace_seed
@@ -58,16 +58,6 @@ def _us(samples: list[float]) -> dict[str, float]:
         "median_us": round(statistics.median(s) * 1e6, 2),
         "p99_us": round(s[min(len(s) - 1, int(len(s) * 0.99))] * 1e6, 2),
     }
-
-
-def _time_each(fn: Callable[[int], object], n: int) -> list[float]:
-    out = []
-    clock = time.perf_counter
-    for i in range(n):
-        t0 = clock()
-        fn(i)
-        out.append(clock() - t0)
-    return out
 
 
 def _ratio(naive: float, ours: float) -> float:
@@ -153,8 +143,8 @@ def bench_match(tree: RadixTree, naive: NaiveCache, w: Workload, reps: int) -> d
     }
     out: dict[str, Any] = {}
     for name, inputs in cases.items():
-        ours = _time_each(lambda i: tree.match(NS, inputs[i]), reps)
-        base = _time_each(lambda i: naive.match(inputs[i]), max(20, reps // 20))
+        ours = timed(lambda i: tree.match(NS, inputs[i]), reps)
+        base = timed(lambda i: naive.match(inputs[i]), max(20, reps // 20))
         o, b = _us(ours), _us(base)
         out[name] = {"ours": o, "naive": b, "speedup": _ratio(b["median_us"], o["median_us"])}
     return out
@@ -313,9 +303,9 @@ def bench_hash(reps: int) -> dict[str, Any]:
     the naive per-page sha256 of a pickle, for a 32k-token prompt."""
     toks = np.random.default_rng(2).integers(0, VOCAB, 32768, dtype=np.int32)
     seed = namespace_seed(NS.digest())
-    ids = _time_each(lambda _: block_ids(toks, P, None, seed), reps * 10)
-    keys = _time_each(lambda _: chain_keys(bytes(16), toks, P), reps)
-    base = _time_each(lambda _: naive_page_hashes(toks, P), max(3, reps // 5))
+    ids = timed(lambda _: block_ids(toks, P, None, seed), reps * 10)
+    keys = timed(lambda _: chain_keys(bytes(16), toks, P), reps)
+    base = timed(lambda _: naive_page_hashes(toks, P), max(3, reps // 5))
     i, k, b = (statistics.median(x) for x in (ids, keys, base))
     pages = toks.size // P
     return {

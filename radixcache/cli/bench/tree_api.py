@@ -52,6 +52,8 @@ def probe(cache: RadixCache, tokens: np.ndarray) -> None:
 
 
 def timed(fn: Callable[[int], object], n: int) -> list[float]:
+    """Seconds of each of ``fn(0) .. fn(n-1)``, timed one call at a time
+    (every benchmark of the tree, ours and the peer's, times with this)."""
     out = []
     clock = time.perf_counter
     for i in range(n):

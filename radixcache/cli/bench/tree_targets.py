@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from radixcache.cli.bench import tree_api
-from radixcache.cli.bench.sglang_tree import SglangTree, load, rss_bytes, timed
+from radixcache.cli.bench.sglang_tree import SglangTree, load, rss_bytes
+from radixcache.cli.bench.tree_api import timed
 
 
 @dataclass(frozen=True, slots=True)
