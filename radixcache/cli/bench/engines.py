@@ -56,6 +56,28 @@ def _ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
     return round(float(theirs["seconds"]) / float(ours["seconds"]), 2)
 
 
+def _figures(
+    store_runs: dict[str, list[float]],
+    load_runs: dict[str, list[float]],
+    nbytes: int,
+    restart: dict[str, Any],
+    baseline: str,
+    ratios_key: str,
+) -> dict[str, Any]:
+    """One engine's result: median store and load rates per backend, the
+    restart figures, and our two backends' ratios against ``baseline``."""
+    store = {b: _median(runs, nbytes) for b, runs in store_runs.items()}
+    load = {b: _median(runs, nbytes) for b, runs in load_runs.items()}
+    return {
+        "store": store, "load": load, "restart": restart,
+        ratios_key: {
+            f"{kind}_{b}": _ratio(figs[b], figs[baseline])
+            for kind, figs in (("store", store), ("load", load))
+            for b in ("radixcache_fast", "radixcache_safe")
+        },
+    }
+
+
 # -- vLLM ------------------------------------------------------------------------
 
 
@@ -143,17 +165,7 @@ def bench_vllm(root: Path, n: int, repeat: int, job_chunks: int) -> dict[str, An
                 load_runs[name].append(t3 - t2)
             if r == repeat:
                 restart[name] = _vllm_restart(cfg, path_key, where, view, keys)
-    nbytes = n * CHUNK_BYTES
-    store = {b: _median(store_runs[b], nbytes) for b in backends}
-    load = {b: _median(load_runs[b], nbytes) for b in backends}
-    return {
-        "store": store, "load": load, "restart": restart,
-        "ratios_vs_fs": {
-            f"{kind}_{b}": _ratio(figs[b], figs["vllm_fs"])
-            for kind, figs in (("store", store), ("load", load))
-            for b in ("radixcache_fast", "radixcache_safe")
-        },
-    }
+    return _figures(store_runs, load_runs, n * CHUNK_BYTES, restart, "vllm_fs", "ratios_vs_fs")
 
 
 def _vllm_restart(cfg: dict[str, Any], path_key: str, where: Path, view: memoryview,
@@ -297,17 +309,7 @@ def bench_sglang(root: Path, n: int, repeat: int) -> dict[str, Any]:
                 if hasattr(again, "close"):
                     again.close()
                 restart[name] = {"pages": n, "found": found, "reopen_s": round(opened, 4)}
-    nbytes = n * CHUNK_BYTES
-    store = {b: _median(store_runs[b], nbytes) for b in backends}
-    load = {b: _median(load_runs[b], nbytes) for b in backends}
-    return {
-        "store": store, "load": load, "restart": restart,
-        "ratios_vs_file": {
-            f"{kind}_{b}": _ratio(figs[b], figs["sglang_file"])
-            for kind, figs in (("store", store), ("load", load))
-            for b in ("radixcache_fast", "radixcache_safe")
-        },
-    }
+    return _figures(store_runs, load_runs, n * CHUNK_BYTES, restart, "sglang_file", "ratios_vs_file")
 
 
 def run(total_mib: int, repeat: int, parent: str | None, job_chunks: int = 16) -> dict[str, Any]:
