@@ -28,6 +28,7 @@ from radixcache.namespace import ExtraKey, Namespace
 from radixcache.offload.storage import ModelFingerprint
 from radixcache.offload.valkey_config import ValkeyConfig
 from radixcache.offload.valkey_lookup import PoolLookup
+from radixcache.tokens import as_tokens
 from radixcache.transfer.layout import KVSpec
 
 
@@ -44,13 +45,10 @@ def request_keys(
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     ns = Namespace.from_wire(lora_id, lora_name, cache_salt, extra_keys)
-    arr = np.asarray(tokens)
-    full = arr.size // block_size * block_size
+    full = len(tokens) // block_size * block_size
     if full == 0:
         return []
-    if arr.dtype.kind not in "iu" or int(arr[:full].min()) < 0 or int(arr[:full].max()) > 2**31 - 1:
-        raise ValueError("token ids must be integers in [0, 2**31)")
-    return split_keys(chain_keys(ns.digest(), arr[:full].astype(np.int32), block_size))
+    return split_keys(chain_keys(ns.digest(), as_tokens(tokens[:full], "token ids"), block_size))
 
 
 def pool_lookup(
