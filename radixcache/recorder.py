@@ -200,9 +200,10 @@ class EventRecorder:
         if fields is None:
             fields = self._ns[ns] = _ns_fields(ns)
         salt, extra = fields
-        # The tokens go out as a read-only int32 view of the tree's key (no
-        # Python int per token on the owner thread; the encoder writes them
-        # as a list). Tree keys are never changed in place.
+        # The tokens go out as a read-only int32 view (no Python int per token
+        # on the owner thread; the encoder writes them as a list): of a node's
+        # key, which the tree never changes in place, or of the fresh array a
+        # survivors' announcement builds.
         view = tokens.view()
         view.flags.writeable = False
         self._events.append(
