@@ -96,7 +96,7 @@ def kit(tmp_path: Path) -> Iterator[StoreKit]:
 from radixcache.offload.valkey_config import ValkeyConfig  # noqa: E402
 from radixcache.offload.valkey_storage import ValkeyStorage  # noqa: E402
 
-from valkey_servers import ValkeyCluster, ValkeyServer  # noqa: E402
+from tests.offload.valkey_servers import ValkeyCluster, ValkeyServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

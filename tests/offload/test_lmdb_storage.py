@@ -16,7 +16,7 @@ from radixcache.offload.lmdb_storage import StorageConfig
 from radixcache.offload.storage import ModelFingerprint, NullStorage, Storage, StorageStats
 
 if TYPE_CHECKING:
-    from conftest import StoreKit
+    from tests.offload.conftest import StoreKit
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.storage import ModelFingerprint, StorageError, StorageOpenError
 
 if TYPE_CHECKING:
-    from conftest import StoreKit
+    from tests.offload.conftest import StoreKit
 
 REPO = Path(__file__).resolve().parents[2]
 
