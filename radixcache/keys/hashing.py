@@ -41,6 +41,8 @@ import hashlib
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.native import compiled as native_core  # None on the pure-Python path
+
 KEY_BYTES = 16
 ID_LIMIT = 1 << 63  # block ids are ints in [0, ID_LIMIT)
 
@@ -134,13 +136,23 @@ def block_ids(
 ) -> BlockIds:
     """Event block ids of the consecutive pages of ``tokens`` (a new int64 array).
 
-    ``tokens``: int32, length a multiple of ``page_size`` (not checked here:
-    the tree holds only whole pages of validated tokens). ``parent``: the id of
-    the page before the run, or None when the run starts a sequence, which
-    then chains from ``seed`` (``namespace_seed`` of its namespace). Every id
-    is in ``[0, 2**63)``. Costs a few numpy operations whatever the length;
+    ``tokens``: int32, C-contiguous, length a multiple of ``page_size`` (not
+    checked here: the tree holds only whole pages of validated tokens).
+    ``parent``: the id of the page before the run, or None when the run
+    starts a sequence, which then chains from ``seed`` (``namespace_seed`` of
+    its namespace). Every id is in ``[0, 2**63)``. One C loop when the
+    compiled core is there (radixcache/native), else ``vector_block_ids``;
     creates no Python object per page or token.
     """
+    start = seed if parent is None else parent
+    if native_core is not None:
+        return native_core.block_ids(tokens, page_size, start, _TABLES.lane_weights(page_size))  # type: ignore[no-any-return]
+    return vector_block_ids(tokens, page_size, start)
+
+
+def vector_block_ids(tokens: npt.NDArray[np.int32], page_size: int, start: int) -> BlockIds:
+    """``block_ids`` chaining from the id ``start``, in a few numpy
+    operations whatever the length (the pure-Python path)."""
     n = tokens.size // page_size
     lanes = tokens.view(np.uint32).reshape(n, page_size)
     c = lanes @ _TABLES.lane_weights(page_size)  # uint64, wraps mod 2**64
@@ -148,7 +160,6 @@ def block_ids(
     b_pow, w = _TABLES.powers(n)
     c *= w
     if n:
-        start = seed if parent is None else parent
         c[0] = (c.item(0) + _B * start) & _U64
     c = np.add.accumulate(c)  # (np.cumsum costs a Python-level wrapper more)
     c *= b_pow

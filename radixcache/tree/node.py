@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 from radixcache.namespace import Namespace
 
 PageIds = npt.NDArray[np.int32]
@@ -24,6 +25,26 @@ def concat_pages(parts: list[PageIds]) -> PageIds:
     if len(parts) == 1:
         return parts[0].copy()
     return np.concatenate(parts)
+
+
+def first_page(tokens: TokenArray, pos: int, page_size: int) -> bytes:
+    """The bytes of the page of ``tokens`` that starts at ``pos``: what a
+    node's children are keyed by (their first page)."""
+    return tokens[pos : pos + page_size].tobytes()
+
+
+def common_len(key: TokenArray, tokens: TokenArray, pos: int, n: int, page_size: int) -> int:
+    """Tokens (page-aligned) that ``key`` shares with ``tokens[pos:n]``."""
+    klen = key.size
+    end = pos + klen
+    if end <= n and (tokens[pos:end] == key).all():
+        return klen
+    m = min(klen, n - pos)
+    eq = tokens[pos : pos + m] == key[:m]
+    if eq.all():
+        return m
+    first_diff = int(np.argmin(eq))
+    return first_diff - first_diff % page_size
 
 
 class Node:
@@ -105,6 +126,13 @@ class Node:
             f"Node(uid={self.uid}, tokens={self.key.size}, device={self.device is not None}, "
             f"host={self.host is not None}, stored={self.stored}, lock_ref={self.lock_ref})"
         )
+
+
+if native_core is not None:  # the same node as a C struct (radixcache/native/_core.pyx)
+    Node = native_core.Node  # type: ignore[misc]  # noqa: F811
+    concat_pages = native_core.concat_pages
+    first_page = native_core.first_page
+    common_len = native_core.common_len
 
 
 @dataclass(slots=True)

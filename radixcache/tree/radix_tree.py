@@ -33,6 +33,7 @@ from typing import Final
 
 import numpy as np
 
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 from radixcache.tree.eviction import DeviceEviction
 from radixcache.tree.policies import EvictionPolicy
 from radixcache.tree.lower import LowerTiers, NoLowerTiers
@@ -45,7 +46,7 @@ from radixcache.tree.below import BelowDevice
 from radixcache.tree.removal import NodeRemoval
 from radixcache.tree.recording import NullRecorder, Recorder
 from radixcache.tree.node import EMPTY_PAGES, EvictResult, InsertResult, MatchResult, Node
-from radixcache.tree.node import PageIds, TokenArray, concat_pages
+from radixcache.tree.node import PageIds, TokenArray, common_len, concat_pages, first_page
 
 GPU: Final = "GPU"  # the device medium, as the recorder names it
 
@@ -102,7 +103,16 @@ class RadixTree:
         if root is None or n == 0:
             return MatchResult(0, EMPTY_PAGES.copy(), None)
         self.tick += 1
-        tick = self.tick
+        pos, device_len, pages, last_device, host_nodes = self._walk(root, tokens, n, priority, self.tick)
+        return MatchResult(device_len, pages, last_device, pos - device_len, tuple(host_nodes))
+
+    def _walk(
+        self, root: Node, tokens: TokenArray, n: int, priority: int, tick: int
+    ) -> tuple[int, int, PageIds, Node | None, list[Node]]:
+        """The loop of ``match`` below ``root``, over ``tokens[:n]`` (whole
+        pages): (tokens walked, of which on the device, their device pages,
+        the last device node, the host-resident nodes after it)."""
+        p = self.page_size
         node = root
         pos = 0
         device_len = 0
@@ -110,10 +120,10 @@ class RadixTree:
         last_device: Node | None = None
         host_nodes: list[Node] = []
         while pos < n:
-            child = node.children.get(tokens[pos : pos + p].tobytes())
+            child = node.children.get(first_page(tokens, pos, p))
             if child is None:
                 break
-            matched = self._common_len(child.key, tokens, pos, n)
+            matched = common_len(child.key, tokens, pos, n, p)
             if matched < child.key.size:
                 child = self.split(child, matched // p)
             child.last_access = tick
@@ -130,13 +140,7 @@ class RadixTree:
                 break
             pos += matched
             node = child
-        return MatchResult(
-            device_len=device_len,
-            device_pages=concat_pages(device_parts),
-            last_device_node=last_device,
-            host_len=pos - device_len,
-            host_nodes=tuple(host_nodes),
-        )
+        return pos, device_len, concat_pages(device_parts), last_device, host_nodes
 
     def peek(self, namespace: Namespace, tokens: TokenArray) -> int:
         """Tokens of the longest device-resident cached prefix of ``tokens``
@@ -150,26 +154,13 @@ class RadixTree:
         node = self._roots.get(namespace)
         pos = 0
         while node is not None and pos < n:
-            child = node.children.get(tokens[pos : pos + p].tobytes())
+            child = node.children.get(first_page(tokens, pos, p))
             if child is None or child.device is None:
                 break
-            matched = self._common_len(child.key, tokens, pos, n)
+            matched = common_len(child.key, tokens, pos, n, p)
             pos += matched
             node = child if matched == child.key.size else None
         return pos
-
-    def _common_len(self, key: TokenArray, tokens: TokenArray, pos: int, n: int) -> int:
-        """Tokens (page-aligned) that ``key`` shares with ``tokens[pos:n]``."""
-        klen = key.size
-        end = pos + klen
-        if end <= n and (tokens[pos:end] == key).all():
-            return klen
-        m = min(klen, n - pos)
-        eq = tokens[pos : pos + m] == key[:m]
-        if eq.all():
-            return m
-        first_diff = int(np.argmin(eq))
-        return first_diff - first_diff % self.page_size
 
     def split(self, node: Node, pages: int) -> Node:
         """Cut ``node`` after ``pages`` pages; return the new upper node.
@@ -200,8 +191,8 @@ class RadixTree:
             node.device = node.device[pages:]
             upper.device_children = 1
         self.lower.split(upper, node, pages)
-        parent.children[upper.key[:p].tobytes()] = upper
-        upper.children = {node.key[:p].tobytes(): node}
+        parent.children[first_page(upper.key, 0, p)] = upper
+        upper.children = {first_page(node.key, 0, p): node}
         node.parent = upper
         self.node_count += 1
         return upper
@@ -239,10 +230,10 @@ class RadixTree:
         offsets: list[int] = []
         eviction = self.eviction
         while pos < total:
-            child = node.children.get(tokens[pos : pos + p].tobytes())
+            child = node.children.get(first_page(tokens, pos, p))
             if child is None:
                 break
-            matched = self._common_len(child.key, tokens, pos, total)
+            matched = common_len(child.key, tokens, pos, total, p)
             if child.device is None and not self.lower.adoptable(child):
                 break  # being loaded back: no adoption; the insert stops here
             if matched < child.key.size:
@@ -264,7 +255,7 @@ class RadixTree:
             pos += matched
             node = child
         blocked = pos < total and (
-            (child := node.children.get(tokens[pos : pos + p].tobytes())) is not None
+            (child := node.children.get(first_page(tokens, pos, p))) is not None
         )
         if blocked:  # stopped at a node being loaded back: the rest stays with the caller
             return InsertResult(existing, concat_pages(parts), node, new_nodes, offsets, pos // p)
@@ -279,7 +270,7 @@ class RadixTree:
             leaf = Node(tokens[pos:].copy(), node, namespace, tick)
             leaf.last_access = tick
             leaf.priority = priority
-            node.children[tokens[pos : pos + p].tobytes()] = leaf
+            node.children[first_page(tokens, pos, p)] = leaf
             self.node_count += 1
             self.attach_pages(leaf, pages[pos // p :].copy())
             self.recorder.stored(leaf, 0, (total - pos) // p, GPU)
@@ -389,3 +380,9 @@ class RadixTree:
         per node (``job_locks``: those of jobs in flight); when given, every
         ``lock_ref`` must equal its own locks plus its children's ``lock_ref``."""
         check_tree(self, locks, job_locks)
+
+
+if native_core is not None:  # the same loops, compiled (radixcache/native/_core.pyx)
+    RadixTree._walk = native_core.match_walk  # type: ignore[method-assign]
+    RadixTree.lock = native_core.lock  # type: ignore[method-assign]
+    RadixTree.unlock = native_core.unlock  # type: ignore[method-assign]

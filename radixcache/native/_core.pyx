@@ -1,0 +1,295 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled hot loops of the request path (see ``radixcache.native``).
+
+Each function here has a pure-Python reference of the same contract where
+it is used; the reference is what the tests hold this module to:
+
+    Node            radixcache/tree/node.py         Node
+    match_walk      radixcache/tree/radix_tree.py   RadixTree._walk
+    lock, unlock    radixcache/tree/radix_tree.py   RadixTree.lock / unlock
+    common_len      radixcache/tree/radix_tree.py   RadixTree._common_len
+    first_page      radixcache/tree/radix_tree.py   first_page
+    concat_pages    radixcache/tree/node.py         concat_pages
+    block_ids       radixcache/keys/hashing.py      block_ids
+    owned_tokens    radixcache/tokens.py            owned_tokens
+
+Token and page-id arrays are int32 and C-contiguous (the tree only holds
+validated ones); the loops read them through the buffer protocol, so no
+numpy header is needed to build this module.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
+
+import numpy as np
+
+cdef object _empty = np.empty
+cdef object _I32 = np.dtype(np.int32)
+cdef object _I64 = np.dtype(np.int64)
+cdef uint64_t _B = 0x9E3779B97F4A7C15ULL
+cdef uint64_t _M = 0xBF58476D1CE4E5B9ULL
+cdef uint64_t _MASK63 = 0x7FFFFFFFFFFFFFFFULL
+
+
+cdef class Node:
+    """The tree node of ``radixcache/tree/node.py`` as a C struct: the same
+    fields, the same meaning (read that class's docstring)."""
+
+    cdef public object key
+    cdef public object device
+    cdef public object host
+    cdef public bint stored
+    cdef public dict children
+    cdef public Node parent
+    cdef public object namespace
+    cdef public Py_ssize_t lock_ref
+    cdef public Py_ssize_t device_children
+    cdef public long long last_access
+    cdef public long long hit_count
+    cdef public object priority
+    cdef public long long uid
+    cdef public object keys
+    cdef public object ids
+    cdef public long long heap_seq
+    cdef public Py_ssize_t holds
+    cdef public Py_ssize_t loading
+    cdef public bint forgotten
+
+    def __init__(self, key, Node parent, namespace, long long uid):
+        self.key = key
+        self.device = None
+        self.host = None
+        self.stored = False
+        self.children = {}
+        self.parent = parent
+        self.namespace = namespace
+        self.lock_ref = 0
+        self.device_children = 0
+        self.last_access = uid
+        self.hit_count = 0
+        self.priority = 0
+        self.uid = uid
+        self.keys = None
+        self.ids = None
+        self.heap_seq = -1
+        self.holds = 0
+        self.loading = 0
+        self.forgotten = False
+
+    @property
+    def is_root(self):
+        return self.parent is None
+
+    def __repr__(self):
+        return (
+            f"Node(uid={self.uid}, tokens={self.key.size}, device={self.device is not None}, "
+            f"host={self.host is not None}, stored={self.stored}, lock_ref={self.lock_ref})"
+        )
+
+
+# ---------------------------------------------------------------- buffers
+cdef inline int _read(object arr, Py_buffer* view) except -1:
+    """A read view of a C-contiguous array (ValueError otherwise)."""
+    return PyObject_GetBuffer(arr, view, PyBUF_SIMPLE)
+
+
+cdef inline Py_ssize_t _common(object key, const int32_t* t, Py_ssize_t pos, Py_ssize_t n,
+                               Py_ssize_t p) except -1:
+    """Tokens (page-aligned) that ``key`` shares with ``t[pos:n]``."""
+    cdef Py_buffer kb
+    cdef Py_ssize_t klen, m, page, pages
+    _read(key, &kb)
+    try:
+        klen = kb.len // 4
+        m = klen if klen < n - pos else n - pos
+        if memcmp(kb.buf, t + pos, m * 4) == 0:
+            return m
+        pages = m // p
+        for page in range(pages):
+            if memcmp(<const int32_t*>kb.buf + page * p, t + pos + page * p, p * 4) != 0:
+                return page * p
+        return pages * p
+    finally:
+        PyBuffer_Release(&kb)
+
+
+def common_len(object key, object tokens, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t page_size):
+    """Tokens (page-aligned) that ``key`` shares with ``tokens[pos:n]``."""
+    cdef Py_buffer tb
+    _read(tokens, &tb)
+    try:
+        return _common(key, <const int32_t*>tb.buf, pos, n, page_size)
+    finally:
+        PyBuffer_Release(&tb)
+
+
+def first_page(object tokens, Py_ssize_t pos, Py_ssize_t page_size):
+    """The bytes of the page of ``tokens`` that starts at ``pos`` (a child's key)."""
+    cdef Py_buffer tb
+    _read(tokens, &tb)
+    try:
+        if (pos + page_size) * 4 > tb.len:
+            raise IndexError(f"page at {pos} runs past {tb.len // 4} tokens")
+        return PyBytes_FromStringAndSize(<char*>tb.buf + pos * 4, page_size * 4)
+    finally:
+        PyBuffer_Release(&tb)
+
+
+cpdef object concat_pages(list parts):
+    """The page ids of ``parts``, in order, as one new int32 array."""
+    cdef Py_ssize_t total = 0, at = 0
+    cdef Py_buffer pb, ob
+    for part in parts:
+        total += len(part)
+    out = _empty(total, _I32)
+    if total == 0:
+        return out
+    PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
+    try:
+        for part in parts:
+            _read(part, &pb)
+            memcpy(<char*>ob.buf + at, pb.buf, pb.len)
+            at += pb.len
+            PyBuffer_Release(&pb)
+    finally:
+        PyBuffer_Release(&ob)
+    return out
+
+
+# ---------------------------------------------------------------- tokens
+def owned_tokens(object tokens):
+    """A copy of an int32 C-contiguous token array, or None if an id is negative."""
+    cdef Py_buffer sb, db
+    cdef Py_ssize_t i, n
+    cdef int32_t acc = 0, v
+    cdef const int32_t* s
+    cdef int32_t* d
+    _read(tokens, &sb)
+    try:
+        n = sb.len // 4
+        out = _empty(n, _I32)
+        PyObject_GetBuffer(out, &db, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        s = <const int32_t*>sb.buf
+        d = <int32_t*>db.buf
+        for i in range(n):  # copy and check the sign in one pass
+            v = s[i]
+            d[i] = v
+            acc |= v
+        PyBuffer_Release(&db)
+    finally:
+        PyBuffer_Release(&sb)
+    return None if acc < 0 else out
+
+
+# ---------------------------------------------------------------- block ids
+def block_ids(object tokens, Py_ssize_t page_size, uint64_t start, object lanes):
+    """Event block ids of the pages of ``tokens`` chaining from ``start``
+    (the parent's id, or the namespace's seed); ``lanes``: the uint64 lane
+    weights of ``radixcache.keys.hashing``. A new int64 array."""
+    cdef Py_buffer tb, lb, ob
+    cdef Py_ssize_t n, i, j
+    cdef uint64_t x, prev = start
+    cdef const uint32_t* t
+    cdef const uint64_t* k
+    cdef int64_t* o
+    _read(tokens, &tb)
+    try:
+        _read(lanes, &lb)
+        try:
+            n = tb.len // 4 // page_size
+            out = _empty(n, _I64)
+            PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            t = <const uint32_t*>tb.buf
+            k = <const uint64_t*>lb.buf
+            o = <int64_t*>ob.buf
+            for i in range(n):
+                x = 0
+                for j in range(page_size):
+                    x += <uint64_t>t[i * page_size + j] * k[j]
+                x ^= x >> 29
+                prev = (_B * prev + _M * x) & _MASK63
+                o[i] = <int64_t>prev
+            PyBuffer_Release(&ob)
+        finally:
+            PyBuffer_Release(&lb)
+    finally:
+        PyBuffer_Release(&tb)
+    return out
+
+
+# ---------------------------------------------------------------- the tree
+def match_walk(tree, Node root, object tokens, Py_ssize_t n, object priority, long long tick):
+    """``RadixTree._walk``: the loop of ``match`` (see there)."""
+    cdef Py_buffer tb
+    cdef Py_ssize_t p = tree.page_size
+    cdef Py_ssize_t pos = 0, device_len = 0, matched
+    cdef const int32_t* t
+    cdef Node node = root, child, last_device = None
+    cdef list parts = []
+    cdef list host_nodes = []
+    lower = tree.lower
+    _read(tokens, &tb)
+    try:
+        t = <const int32_t*>tb.buf
+        while pos < n:
+            found = node.children.get(PyBytes_FromStringAndSize(<char*>(t + pos), p * 4))
+            if found is None:
+                break
+            child = <Node>found
+            matched = _common(child.key, t, pos, n, p)
+            if matched < len(child.key):
+                child = tree.split(child, matched // p)
+            child.last_access = tick
+            child.hit_count += 1
+            if priority > child.priority:
+                child.priority = priority
+            if child.device is not None and not host_nodes:
+                parts.append(child.device)
+                device_len += matched
+                last_device = child
+            elif lower.resident(child):
+                host_nodes.append(child)
+            else:
+                break
+            pos += matched
+            node = child
+    finally:
+        PyBuffer_Release(&tb)
+    return pos, device_len, concat_pages(parts), last_device, host_nodes
+
+
+def lock(tree, Node node):
+    """``RadixTree.lock``."""
+    cdef set candidates = tree.eviction.candidates
+    cdef Py_ssize_t locked = 0
+    cdef Node n = node
+    while n is not None:
+        if n.lock_ref == 0:
+            if n.device is not None:
+                locked += len(n.device)
+            candidates.discard(n)
+        n.lock_ref += 1
+        n = n.parent
+    if locked:
+        tree.evictable_pages -= locked
+
+
+def unlock(tree, Node node):
+    """``RadixTree.unlock``."""
+    cdef Py_ssize_t freed = 0
+    cdef Node n = node
+    if node.lock_ref <= 0:
+        raise ValueError(f"unlock of a node that is not locked: {node!r}")
+    update = None
+    while n is not None:
+        n.lock_ref -= 1
+        if n.lock_ref == 0 and n.device is not None:
+            freed += len(n.device)
+            if update is None:
+                update = tree.eviction.update
+            update(n)
+        n = n.parent
+    if freed:
+        tree.evictable_pages += freed
