@@ -19,11 +19,18 @@ last ``cleared``, a raw page) is not announced at all, never under a guessed
 id: no router was told of it by this engine. ``unknown_removals`` counts them.
 No blake2b runs for a page that is not on storage: a stored page's keys are
 those its store job cached on the node.
+
+Recording is cheap on purpose: a report keeps the page ids as the int64
+array the node caches (a view, no Python int per page) and a read-only
+view of the tokens; ``take`` builds the records from them, and the
+publisher's thread encodes them. Consecutive removals on one medium become
+one record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -44,6 +51,25 @@ STORAGE_MEDIA: frozenset[str] = frozenset((DISK, EXTERNAL))  # media whose remov
 def _ns_fields(ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
     """``cache_salt`` and the per-block ``extra_keys`` entry of a namespace."""
     return ns.wire_salt(), ns.event_extra()
+
+
+@dataclass(slots=True)
+class _Store:
+    """A recorded store, built into a ``BlockStored`` by ``take``."""
+
+    ids: BlockIds  # the pages' event ids (a view of the node's cache; never written)
+    parent: int | None  # id of the page before the first
+    tokens: npt.NDArray[np.int32]  # read-only view of all their tokens
+    namespace: Namespace
+    medium: str
+
+
+@dataclass(slots=True)
+class _Removal:
+    """Consecutive recorded removals on one medium, one ``BlockRemoved``."""
+
+    parts: list[BlockIds]  # ids of the pages removed, in order
+    medium: str
 
 
 class EventSink(Recorder, Protocol):
@@ -85,7 +111,7 @@ class EventRecorder:
         self._keys = PageKeys(tree.page_size)
         self.storage_ids = StorageIds()  # storage key -> id, for removals known by key
         self.unknown_removals = 0  # removed storage keys never announced here: not announced
-        self._events: list[KvEvent] = []
+        self._records: list[_Store | _Removal | AllBlocksCleared] = []  # since the last take
         self._ns: dict[Namespace, tuple[str | None, tuple[Any, ...] | None]] = {}
 
     def stored(self, node: Node, start: int, count: int, medium: str) -> None:
@@ -95,7 +121,7 @@ class EventRecorder:
         parent = int(ids[start - 1]) if start > 0 else self.ids.parent_id(node)
         run = ids[start : start + count]
         p = self.page_size
-        self._append(run.tolist(), parent, node.key[start * p : (start + count) * p], node.namespace, medium)
+        self._append(run, parent, node.key[start * p : (start + count) * p], node.namespace, medium)
         if medium in STORAGE_MEDIA:
             # (cached on the node by the store job; for a page read back from
             # storage they are computed here once: the read costs far more)
@@ -113,7 +139,7 @@ class EventRecorder:
     ) -> None:
         if not block_ids:
             return
-        self._append(block_ids, parent_id, tokens, namespace, medium)
+        self._append(np.array(block_ids, dtype=np.int64), parent_id, tokens, namespace, medium)
         if keys and medium in STORAGE_MEDIA:
             self._remember(keys, np.array(block_ids, dtype=np.int64), medium)
 
@@ -124,32 +150,35 @@ class EventRecorder:
         back under its current id) is announced gone under the old one."""
         replaced = self.storage_ids.add(keys, ids)
         if replaced.size:
-            self._remove(replaced.tolist(), medium)
+            self._remove(replaced, medium)
 
     def _append(
-        self, ids: list[int], parent: int | None, tokens: npt.NDArray[np.int32], ns: Namespace, medium: str
+        self, ids: BlockIds, parent: int | None, tokens: npt.NDArray[np.int32], ns: Namespace, medium: str
     ) -> None:
-        fields = self._ns.get(ns)
-        if fields is None:
-            fields = self._ns[ns] = _ns_fields(ns)
-        salt, extra = fields
         # The tokens go out as a read-only int32 view (no Python int per token
         # on the owner thread; the encoder writes them as a list): of a node's
         # key, which the tree never changes in place, or of the fresh array a
         # survivors' announcement builds.
         view = tokens.view()
         view.flags.writeable = False
-        self._events.append(
-            BlockStored(
-                ids, parent, view, self.page_size, ns.lora_id, cast(Medium, medium), ns.lora_name,
-                salt, None if extra is None else [extra] * len(ids),
-            )
+        self._records.append(_Store(ids, parent, view, ns, medium))
+
+    def _stored_event(self, r: _Store) -> BlockStored:
+        ns = r.namespace
+        fields = self._ns.get(ns)
+        if fields is None:
+            fields = self._ns[ns] = _ns_fields(ns)
+        salt, extra = fields
+        ids = r.ids.tolist()
+        return BlockStored(
+            ids, r.parent, r.tokens, self.page_size, ns.lora_id, cast(Medium, r.medium), ns.lora_name,
+            salt, None if extra is None else [extra] * len(ids),
         )
 
     def removed(self, node: Node, medium: str) -> None:
         if node.forgotten:
             return
-        self._remove(self.ids.node_ids(node).tolist(), medium)
+        self._remove(self.ids.node_ids(node), medium)
 
     def removed_keys(self, keys: Sequence[bytes], medium: str) -> None:
         if not keys:
@@ -162,19 +191,31 @@ class EventRecorder:
         known = ids[ids >= 0]
         self.unknown_removals += ids.size - known.size
         if known.size:
-            self._remove(known.tolist(), medium)
+            self._remove(known, medium)
 
-    def _remove(self, hashes: list[int], medium: str) -> None:
-        last = self._events[-1] if self._events else None
-        if isinstance(last, BlockRemoved) and last.medium == medium:
-            last.block_hashes.extend(hashes)
+    def _remove(self, ids: BlockIds, medium: str) -> None:
+        records = self._records
+        last = records[-1] if records else None
+        if type(last) is _Removal and last.medium == medium:
+            last.parts.append(ids)
         else:
-            self._events.append(BlockRemoved(block_hashes=hashes, medium=cast(Medium, medium)))
+            records.append(_Removal([ids], medium))
 
     def cleared(self) -> None:
         self.storage_ids.clear()  # every page was announced gone: none is known any more
-        self._events.append(AllBlocksCleared())
+        self._records.append(AllBlocksCleared())
 
     def take(self) -> list[KvEvent]:
-        out, self._events = self._events, []
+        """The records of every report since the last call, in order."""
+        records, self._records = self._records, []
+        out: list[KvEvent] = []
+        for r in records:
+            if type(r) is _Store:
+                out.append(self._stored_event(r))
+            elif type(r) is _Removal:
+                parts = r.parts
+                ids = parts[0].tolist() if len(parts) == 1 else np.concatenate(parts).tolist()
+                out.append(BlockRemoved(block_hashes=ids, medium=cast(Medium, r.medium)))
+            elif isinstance(r, AllBlocksCleared):
+                out.append(r)
         return out

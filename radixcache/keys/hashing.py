@@ -146,7 +146,7 @@ def block_ids(
     """
     start = seed if parent is None else parent
     if native_core is not None:
-        return native_core.block_ids(tokens, page_size, start, _TABLES.lane_weights(page_size))  # type: ignore[no-any-return]
+        return native_core.block_ids(tokens, page_size, start, _TABLES.lane_weights(page_size))
     return vector_block_ids(tokens, page_size, start)
 
 

@@ -23,6 +23,7 @@ says which path this process runs; ``REASON`` why it is not compiled.
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -40,12 +41,12 @@ def _load() -> tuple[ModuleType | None, str]:
             raise ImportError(f"{PURE_ENV} and {REQUIRE_ENV} are both set")
         return None, f"{PURE_ENV} is set"
     try:
-        from radixcache.native import _core
+        core = importlib.import_module("radixcache.native._core")
     except ImportError as exc:
         if _flag(REQUIRE_ENV):
             raise ImportError(f"{REQUIRE_ENV} is set but the compiled core does not load: {exc}") from exc
         return None, f"the compiled core is not built or does not load ({exc})"
-    return _core, ""
+    return core, ""
 
 
 compiled, REASON = _load()

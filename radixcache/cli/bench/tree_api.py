@@ -10,6 +10,8 @@ the pages' return to the pool and their ``BlockRemoved`` events count.
 from __future__ import annotations
 
 import gc
+import multiprocessing as mp
+import os
 import statistics
 import time
 import tracemalloc
@@ -129,6 +131,38 @@ def bytes_per_page(first: list[np.ndarray], turns: list[np.ndarray], long: list[
         "bytes_per_page": round(used / pages, 1),
         "bytes_per_page_without_tokens": round((used - pages * P * 4) / pages, 1),
     }
+
+
+def rss_per_page(conversations: int, long_docs: int, capacity: int) -> dict[str, Any]:
+    """Bytes per cached page as the process's resident memory grows while a
+    cache is built through the API (events on, drained): token ids, the
+    tree, the page pool and what the allocator keeps, all included. Measured
+    in a fresh process (``spawn``), so memory freed by earlier figures
+    cannot hide any of it."""
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(_rss_child, (conversations, long_docs, capacity))  # type: ignore[no-any-return]
+
+
+def _rss_child(conversations: int, long_docs: int, capacity: int) -> dict[str, Any]:
+    from radixcache.cli.bench.tree import Workload  # (the workload is built before measuring)
+
+    w = Workload(conversations, long_docs)
+    seconds = [np.concatenate([a, b]) for a, b in zip(w.first, w.turns)]
+    gc.collect()
+    before = _rss()
+    cache = make_cache(capacity)
+    for seq in [*w.first, *seconds, *w.long]:
+        serve(cache, seq)
+    gc.collect()
+    used = _rss() - before
+    pages = cache.tree.device_pages
+    return {"cached_pages": pages, "rss_bytes": used, "bytes_per_page": round(used / pages, 1)}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def us(samples: list[float]) -> float:

@@ -1,0 +1,151 @@
+"""The compiled core (radixcache/native) against the pure-Python modules it
+stands in for: which one runs, each loop on random inputs, and whole random
+workloads through the public API value for value."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixcache import native
+from radixcache.keys.hashing import _TABLES, block_id_of_sequence, vector_block_ids
+from radixcache.tree import node as node_module
+
+ROOT = Path(__file__).resolve().parents[3]
+NATIVE_DIR = ROOT / "radixcache" / "native"
+BUILT = sorted(p.name for p in NATIVE_DIR.glob("_core*") if p.suffix in (".so", ".pyd"))
+
+
+def _core() -> ModuleType:
+    if not BUILT:
+        pytest.skip("the compiled core is not built here (pip install -e . builds it with a C compiler)")
+    return importlib.import_module("radixcache.native._core")
+
+
+def test_the_compiled_core_is_in_use_when_it_is_built() -> None:
+    """A built extension that fails to load must not pass for compiled: the
+    process runs it unless RADIXCACHE_PURE says otherwise."""
+    pure = native._flag(native.PURE_ENV)
+    if native._flag(native.REQUIRE_ENV):
+        assert native.COMPILED, native.REASON
+    if BUILT and not pure:
+        assert native.COMPILED, f"{BUILT} is built but not in use: {native.REASON}"
+        assert node_module.Node is native.compiled.Node  # type: ignore[union-attr]
+    if pure:
+        assert not native.COMPILED and native.compiled is None
+        assert node_module.Node.__module__ == "radixcache.tree.node"
+
+
+def test_the_switch_reads_the_environment_at_import() -> None:
+    code = "import radixcache.native as n, radixcache.tree.node as t; print(n.COMPILED, t.Node.__module__)"
+    env = {**os.environ, native.PURE_ENV: "1"}
+    env.pop(native.REQUIRE_ENV, None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["False", "radixcache.tree.node"], out.stderr
+    env[native.REQUIRE_ENV] = "1"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "both set" in out.stderr
+
+
+def test_the_compiled_node_has_every_field_of_the_python_node() -> None:
+    core = _core()
+    n = core.Node(np.zeros(4, np.int32), None, "ns", 7)
+    for name in _python_node_slots():
+        assert hasattr(n, name), name
+    assert (n.uid, n.last_access, n.heap_seq, n.lock_ref, n.children, n.is_root) == (7, 7, -1, 0, {}, True)
+
+
+def _python_node_slots() -> tuple[str, ...]:
+    src = (ROOT / "radixcache" / "tree" / "node.py").read_text()
+    start = src.index("__slots__ = (")
+    body = src[start + len("__slots__ = ("): src.index(")", start)]
+    return tuple(s.strip().strip('",') for s in body.split() if s.strip().strip('",'))
+
+
+tokens32 = st.lists(st.integers(0, 2**31 - 1), max_size=8 * 16).map(lambda v: np.asarray(v, dtype=np.int32))
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens32, st.sampled_from([1, 2, 4, 16]), st.one_of(st.none(), st.integers(0, 2**63 - 1)))
+def test_block_ids_equal_the_definition(tokens: np.ndarray, p: int, parent: int | None) -> None:
+    core = _core()
+    tokens = tokens[: tokens.size - tokens.size % p]
+    seed = 12345
+    start = seed if parent is None else parent
+    got = core.block_ids(tokens, p, start, _TABLES.lane_weights(p))
+    assert got.dtype == np.int64
+    assert got.tolist() == vector_block_ids(tokens, p, start).tolist()
+    assert got.tolist() == block_id_of_sequence(tokens, p, parent, seed)
+
+
+def _common_len_reference(key: np.ndarray, tokens: np.ndarray, pos: int, n: int, p: int) -> int:
+    m = min(key.size, n - pos)
+    same = 0
+    while same + p <= m and (key[same : same + p] == tokens[pos + same : pos + same + p]).all():
+        same += p
+    return same
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_token_loops_equal_their_python_references(data: st.DataObject) -> None:
+    core = _core()
+    p = data.draw(st.sampled_from([1, 2, 4]))
+    pages = data.draw(st.integers(1, 6))
+    key = np.asarray(data.draw(st.lists(st.integers(0, 3), min_size=pages * p, max_size=pages * p)), np.int32)
+    tokens = np.asarray(data.draw(st.lists(st.integers(0, 3), min_size=p, max_size=10 * p)), np.int32)
+    tokens = tokens[: tokens.size - tokens.size % p]
+    pos = data.draw(st.integers(0, tokens.size // p - 1)) * p
+    n = data.draw(st.integers(pos // p + 1, tokens.size // p)) * p
+    want = _common_len_reference(key, tokens, pos, n, p)
+    assert core.common_len(key, tokens, pos, n, p) == want
+    assert node_module.common_len(key, tokens, pos, n, p) == want  # whichever path this process runs
+    assert core.first_page(tokens, pos, p) == tokens[pos : pos + p].tobytes()
+    parts = [tokens[i : i + p] for i in range(0, tokens.size, p)]
+    assert core.concat_pages(parts).tolist() == tokens.tolist()
+    assert core.concat_pages([]).dtype == np.int32 and core.concat_pages([]).size == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=64))
+def test_owned_tokens_copies_and_refuses_negative_ids(values: list[int]) -> None:
+    core = _core()
+    arr = np.asarray(values, dtype=np.int32)
+    got = core.owned_tokens(arr)
+    if arr.size and arr.min() < 0:
+        assert got is None
+    else:
+        assert got is not None and got.tolist() == values and got.dtype == np.int32
+        assert not np.shares_memory(got, arr)
+
+
+def _workload(pure: bool, seeds: int, steps: int) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if k not in (native.PURE_ENV, native.REQUIRE_ENV)}
+    if pure:
+        env[native.PURE_ENV] = "1"
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.radixcache.native.native_workload", str(seeds), str(steps)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_random_workloads_give_the_same_results_compiled_and_pure() -> None:
+    _core()
+    compiled = _workload(False, seeds=12, steps=300)
+    pure = _workload(True, seeds=12, steps=300)
+    assert compiled["compiled"] is True and pure["compiled"] is False
+    for a, b in zip(compiled["runs"], pure["runs"]):  # type: ignore[call-overload]
+        assert a == b, f"seed {a['seed']} differs"
