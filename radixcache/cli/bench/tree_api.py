@@ -141,7 +141,8 @@ def rss_per_page(conversations: int, long_docs: int, capacity: int) -> dict[str,
     cannot hide any of it."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(_rss_child, (conversations, long_docs, capacity))  # type: ignore[no-any-return]
+        result: dict[str, Any] = pool.apply(_rss_child, (conversations, long_docs, capacity))
+        return result
 
 
 def _rss_child(conversations: int, long_docs: int, capacity: int) -> dict[str, Any]:
