@@ -36,7 +36,7 @@ import numpy as np
 
 from radixcache.cli.bench import tree_targets
 from radixcache.cli.bench.tree_replay import mixed_replay, replay_requests
-from radixcache.cli.bench.tree_api import timed
+from radixcache.cli.bench.tree_api import VOCAB, Workload, timed
 from radixcache.cli.bench.naive import NaiveCache, naive_page_hashes
 from radixcache.tree.policies import make_eviction_policy
 from radixcache.keys.hashing import block_ids, chain_keys, namespace_seed
@@ -45,10 +45,6 @@ from radixcache.tree.radix_tree import RadixTree
 from radixcache.transfer import PageAllocator
 
 P = 16
-SYSTEM = 1024
-REQ = 4096
-TURN = 512
-VOCAB = 32000
 
 
 def _us(samples: list[float]) -> dict[str, float]:
@@ -61,25 +57,6 @@ def _us(samples: list[float]) -> dict[str, float]:
 
 def _ratio(naive: float, ours: float) -> float:
     return round(naive / ours, 1) if ours else float("inf")
-
-
-class Workload:
-    """Deterministic token streams: one system prompt, conversations, long docs."""
-
-    def __init__(self, conversations: int, long_docs: int, seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        self.system = rng.integers(0, VOCAB, SYSTEM, dtype=np.int32)
-        self.first = [
-            np.concatenate([self.system, rng.integers(0, VOCAB, REQ - SYSTEM, dtype=np.int32)])
-            for _ in range(conversations)
-        ]
-        self.turns = [rng.integers(0, VOCAB, TURN, dtype=np.int32) for _ in range(conversations)]
-        self.long = [
-            np.concatenate([self.system, rng.integers(0, VOCAB, 32768 - SYSTEM, dtype=np.int32)])
-            for _ in range(long_docs)
-        ]
-        self.miss4k = rng.integers(0, VOCAB, REQ, dtype=np.int32) + VOCAB
-        self.miss32k = rng.integers(0, VOCAB, 32768, dtype=np.int32) + VOCAB
 
 
 def build(tree: RadixTree, pool: PageAllocator, w: Workload) -> tuple[list[float], list[float]]:

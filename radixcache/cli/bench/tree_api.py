@@ -26,7 +26,30 @@ from radixcache.cache import CacheConfig, RadixCache
 from radixcache.transfer import KVSpec
 
 P = 16
+SYSTEM = 1024  # tokens of the system prompt every first turn starts with
+REQ = 4096  # tokens of a first turn
+TURN = 512  # tokens a second turn adds
+VOCAB = 32000
 SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float16, page_size=P)
+
+
+class Workload:
+    """Deterministic token streams: one system prompt, conversations, long docs."""
+
+    def __init__(self, conversations: int, long_docs: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.system = rng.integers(0, VOCAB, SYSTEM, dtype=np.int32)
+        self.first = [
+            np.concatenate([self.system, rng.integers(0, VOCAB, REQ - SYSTEM, dtype=np.int32)])
+            for _ in range(conversations)
+        ]
+        self.turns = [rng.integers(0, VOCAB, TURN, dtype=np.int32) for _ in range(conversations)]
+        self.long = [
+            np.concatenate([self.system, rng.integers(0, VOCAB, 32768 - SYSTEM, dtype=np.int32)])
+            for _ in range(long_docs)
+        ]
+        self.miss4k = rng.integers(0, VOCAB, REQ, dtype=np.int32) + VOCAB
+        self.miss32k = rng.integers(0, VOCAB, 32768, dtype=np.int32) + VOCAB
 
 
 def make_cache(capacity: int, record_events: bool = True) -> RadixCache:
@@ -146,8 +169,6 @@ def rss_per_page(conversations: int, long_docs: int, capacity: int) -> dict[str,
 
 
 def _rss_child(conversations: int, long_docs: int, capacity: int) -> dict[str, Any]:
-    from radixcache.cli.bench.tree import Workload  # (the workload is built before measuring)
-
     w = Workload(conversations, long_docs)
     seconds = [np.concatenate([a, b]) for a, b in zip(w.first, w.turns)]
     gc.collect()
