@@ -46,18 +46,20 @@ cdef class Node:
     cdef public object namespace
     cdef public Py_ssize_t lock_ref
     cdef public Py_ssize_t device_children
-    cdef public long long last_access
-    cdef public long long hit_count
+    # (Python ints, not C ones: the eviction policies and the tiers read
+    # these from Python, and a C field would build a new int on every read)
+    cdef public object last_access
+    cdef public object hit_count
     cdef public object priority
-    cdef public long long uid
+    cdef public object uid
     cdef public object keys
     cdef public object ids
-    cdef public long long heap_seq
+    cdef public object heap_seq
     cdef public Py_ssize_t holds
     cdef public Py_ssize_t loading
     cdef public bint forgotten
 
-    def __init__(self, key, Node parent, namespace, long long uid):
+    def __init__(self, key, Node parent, namespace, uid):
         self.key = key
         self.device = None
         self.host = None
@@ -220,7 +222,7 @@ def block_ids(object tokens, Py_ssize_t page_size, uint64_t start, object lanes)
 
 
 # ---------------------------------------------------------------- the tree
-def match_walk(tree, Node root, object tokens, Py_ssize_t n, object priority, long long tick):
+def match_walk(tree, Node root, object tokens, Py_ssize_t n, object priority, object tick):
     """``RadixTree._walk``: the loop of ``match`` (see there)."""
     cdef Py_buffer tb
     cdef Py_ssize_t p = tree.page_size
