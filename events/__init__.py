@@ -67,7 +67,7 @@ from radixcache.events.codec import (
     decode_batch,
     encode_batch,
 )
-from radixcache.events.index import (
+from radixcache.events.index.kv_index import (
     IndexConfig,
     IndexStats,
     KvIndex,

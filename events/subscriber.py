@@ -45,7 +45,7 @@ from typing import Protocol
 import zmq
 
 from radixcache.events.codec import DecodeError, decode_batch
-from radixcache.events.index import WorkerId
+from radixcache.events.index.kv_index import WorkerId
 from radixcache.events.publisher import seq_frame
 from zmq.utils.monitor import parse_monitor_message
 from radixcache.events.types import EventBatch

@@ -24,15 +24,9 @@ only lock is held for a few list operations. Sequence numbers come from
 bound, so a consumer that asks for replay as soon as it (re)connects always
 finds it.
 
-Replay under abuse: each client identity has at most one replay in flight (a
-new request replaces its previous one); at most ``replay_clients`` replays run
-at once (the oldest is dropped beyond); answers go out in slices of at most
-``replay_slice_bytes`` between two looks at the live queue, paced by a token
-bucket of ``replay_bytes_per_s``. The ROUTER refuses to queue more than
-``replay_hwm`` messages for a client that does not read (``ROUTER_MANDATORY``):
-its replay pauses, and is dropped after ``replay_stall_s``. So a flooding or
-never-reading client delays a live batch by at most one slice's send time and
-holds at most ``replay_clients * replay_hwm`` queued messages.
+Replay requests are served, paced and bounded by ``events.replay``: a
+flooding or never-reading client delays a live batch by at most one slice's
+send time.
 
 Costs, for a 16-page ``BlockStored``: about 1-2 us of checks in ``publish``
 and 1-2 us of encoding on the thread. The thread shares the GIL with the
@@ -50,7 +44,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 
@@ -58,43 +52,12 @@ import zmq
 
 from radixcache.events.codec import BatchEncoder, check_events
 from radixcache.events.gil_send import frame_sender
-from radixcache.events.publisher import (
-    END_OF_REPLAY,
-    BindError,
-    PublisherConfig,
-    PublisherStats,
-    seq_frame,
-)
+from radixcache.events.publisher import BindError, PublisherConfig, PublisherStats
+from radixcache.events.replay import BufferedBatch, ReplayService
 from radixcache.events.sequence import SequenceSource
 from radixcache.events.types import AllBlocksCleared, KvEvent
 
 logger = logging.getLogger(__name__)
-
-
-class _Entry:
-    """One batch from publish() on: in the replay buffer and maybe the queue."""
-
-    __slots__ = ("events", "frame", "payload", "seq", "ts")
-
-    def __init__(self, seq: int, ts: float, events: list[KvEvent]) -> None:
-        self.seq = seq  # sequence number
-        self.frame = seq_frame(seq)  # seq as the wire's 8-byte frame
-        self.ts = ts  # publish time, fixed so a replay sends the same bytes
-        # The publisher's own copy of the list until the thread encodes it;
-        # then None, so the replay buffer holds one bytes object per batch
-        # (no records for the garbage collector to walk through).
-        self.events: list[KvEvent] | None = events
-        self.payload: bytes | None = None  # encoded by the thread, then kept
-
-
-class _Replay:
-    """One client's replay in flight (publisher thread only)."""
-
-    __slots__ = ("cursor", "stalled_since")
-
-    def __init__(self, cursor: int) -> None:
-        self.cursor = cursor  # the next sequence number to send
-        self.stalled_since: float | None = None  # when its queue filled up, if it is full
 
 
 class ZmqEventPublisher:
@@ -114,8 +77,8 @@ class ZmqEventPublisher:
         self._config = config = config or PublisherConfig()
         self._topic = config.topic.encode()
         self._lock = threading.Lock()  # guards everything below shared with the thread
-        self._pending: deque[_Entry] = deque()  # FIFO for the thread; bounded by queue_size
-        self._replay: deque[_Entry] = deque(maxlen=config.replay_buffer_size)
+        self._pending: deque[BufferedBatch] = deque()  # FIFO for the thread; bounded by queue_size
+        self._replay: deque[BufferedBatch] = deque(maxlen=config.replay_buffer_size)
         self._seq = SequenceSource(config.seq_base, config.seq_file)
         self._published = 0
         self._dropped = 0
@@ -124,15 +87,10 @@ class ZmqEventPublisher:
         self._sleeping = False  # the thread waits in poll(); publish() must wake it
         # Written by the thread only:
         self._sent = 0
-        self._replay_requests = 0
-        self._replayed = 0
-        self._replay_bytes = 0
-        self._replays_dropped = 0
         self._encode_errors = 0
+        self._replays = ReplayService(config, self._topic)
         self._endpoint = config.endpoint
         self._replay_endpoint = config.replay_endpoint
-        self._tokens = 0.0  # replay token bucket (bytes), publisher thread only
-        self._tokens_at = time.monotonic()
         self._start_error: BaseException | None = None
         self._ready = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
@@ -186,7 +144,7 @@ class ZmqEventPublisher:
         with self._lock:
             if self._closing:
                 raise RuntimeError("publish() on a closed ZmqEventPublisher")
-            entry = _Entry(self._seq.take(), time.time(), batch)
+            entry = BufferedBatch(self._seq.take(), time.time(), batch)
             self._replay.append(entry)
             self._published += 1
             if self._forced_drops:
@@ -215,10 +173,11 @@ class ZmqEventPublisher:
     def stats(self) -> PublisherStats:
         """A snapshot of the counters."""
         with self._lock:
+            replays = self._replays
             return PublisherStats(
                 self._published, self._dropped, self._sent,
-                self._replay_requests, self._replayed, self._encode_errors,
-                self._replay_bytes, self._replays_dropped,
+                replays.requests, replays.replayed, self._encode_errors,
+                replays.replay_bytes, replays.dropped,
             )
 
     def close(self) -> None:
@@ -311,7 +270,7 @@ class ZmqEventPublisher:
         send = frame_sender(pub)  # keeps the GIL: see events.gil_send
         topic = self._topic
         more = zmq.SNDMORE
-        replays: OrderedDict[bytes, _Replay] = OrderedDict()  # identity -> replay in flight
+        replays = self._replays
         dry = False  # the last round found nothing to send
         next_poll = 0.0  # while busy, look at the replay socket only this often
         while True:
@@ -332,7 +291,7 @@ class ZmqEventPublisher:
             if closing and not batch:
                 return
             if router is not None and replays:
-                self._serve_slice(router, encoder, replays)
+                replays.serve_slice(router, self._window, lambda entry: self._payload(entry, encoder))
             # Busy: go on, looking at replay requests every few ms. Just ran
             # dry: wait a moment without asking to be woken, so a steady
             # publisher does not pay a wake-up (a syscall and a thread switch)
@@ -358,9 +317,9 @@ class ZmqEventPublisher:
                 except BlockingIOError:
                     pass
             if router is not None and router in ready:
-                self._take_requests(router, replays)
+                replays.take_requests(router)
 
-    def _payload(self, entry: _Entry, encoder: BatchEncoder) -> bytes | None:
+    def _payload(self, entry: BufferedBatch, encoder: BatchEncoder) -> bytes | None:
         if entry.payload is None and entry.events is not None:
             try:
                 entry.payload = encoder.encode(entry.events, entry.ts, self._config.dp_rank)
@@ -370,74 +329,10 @@ class ZmqEventPublisher:
             entry.events = None
         return entry.payload
 
-    def _take_requests(self, router: zmq.Socket[bytes], replays: OrderedDict[bytes, _Replay]) -> None:
-        """Read waiting requests ``[id, b"", start_seq]``: at most one replay per identity."""
-        cfg = self._config
-        for _ in range(4 * cfg.replay_clients):  # bounded work per round, even under a flood
-            try:
-                frames = router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
-                logger.warning("ignoring malformed replay request (%d frames)", len(frames))
-                continue
-            identity = frames[0]
-            self._replay_requests += 1
-            if replays.pop(identity, None) is not None:
-                self._replays_dropped += 1  # superseded by this request
-            replays[identity] = _Replay(int.from_bytes(frames[2], "big", signed=True))
-            while len(replays) > cfg.replay_clients:
-                replays.popitem(last=False)
-                self._replays_dropped += 1
-
-    def _serve_slice(
-        self, router: zmq.Socket[bytes], encoder: BatchEncoder, replays: OrderedDict[bytes, _Replay]
-    ) -> None:
-        """Send at most one slice of replay answers, round robin over the clients."""
-        cfg = self._config
-        now = time.monotonic()
-        self._tokens = min(
-            float(cfg.replay_slice_bytes),
-            self._tokens + (now - self._tokens_at) * cfg.replay_bytes_per_s,
-        )
-        self._tokens_at = now
-        if self._tokens <= 0:
-            return
-        budget = self._tokens
-        spent = 0
-        per_client = max(1, cfg.replay_hwm // 4)  # entries looked at per client per slice
-        for identity in list(replays):
-            if spent >= budget:
-                break
-            rep = replays[identity]
-            with self._lock:
-                first = self._replay[0].seq if self._replay else self._seq.next
-                rep.cursor = max(rep.cursor, first)  # what left the buffer is gone
-                entries = list(islice(self._replay, rep.cursor - first, rep.cursor - first + per_client))
-            finished = not entries
-            try:
-                for entry in entries:
-                    if spent >= budget:
-                        break
-                    payload = self._payload(entry, encoder)
-                    if payload is not None:
-                        router.send_multipart((identity, b"", self._topic, entry.frame, payload), zmq.NOBLOCK)
-                        self._replayed += 1
-                        self._replay_bytes += len(payload)
-                        spent += len(payload) + 32
-                    rep.cursor = entry.seq + 1
-                if finished:
-                    router.send_multipart((identity, b"", b"", END_OF_REPLAY, b""), zmq.NOBLOCK)
-                    del replays[identity]
-                    continue
-                rep.stalled_since = None
-            except zmq.Again:  # the client does not read: pause its replay
-                if rep.stalled_since is None:
-                    rep.stalled_since = now
-                elif now - rep.stalled_since > cfg.replay_stall_s:
-                    del replays[identity]
-                    self._replays_dropped += 1
-            except zmq.ZMQError:  # the client is gone
-                del replays[identity]
-                self._replays_dropped += 1
-        self._tokens -= spent
+    def _window(self, cursor: int, count: int) -> tuple[int, list[BufferedBatch]]:
+        """The replay buffer's first sequence number, and up to ``count``
+        buffered batches from ``cursor`` on (what left the buffer is gone)."""
+        with self._lock:
+            first = self._replay[0].seq if self._replay else self._seq.next
+            start = max(cursor, first) - first
+            return first, list(islice(self._replay, start, start + count))

@@ -59,8 +59,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from radixcache.offload.host import HostPoolConfig  # noqa: E402
-from radixcache.offload.lmdb_storage import StorageConfig  # noqa: E402
+from radixcache.offload import HostPoolConfig  # noqa: E402
+from radixcache.offload import StorageConfig  # noqa: E402
 from radixcache import CacheConfig, KVSpec, RadixCache, Request  # noqa: E402
 from radixcache.tiers import TierConfig  # noqa: E402
 

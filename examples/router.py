@@ -39,7 +39,7 @@ from radixcache.events import (  # noqa: E402
     WorkerEndpoint,
     ZmqEventPublisher,
 )
-from radixcache.offload.host import HostPoolConfig  # noqa: E402
+from radixcache.offload import HostPoolConfig  # noqa: E402
 from radixcache import CacheConfig, KVSpec, Namespace, RadixCache  # noqa: E402
 from radixcache.tiers import TierConfig  # noqa: E402
 

@@ -24,18 +24,19 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from radixcache.cache import RadixCache
     from radixcache.cache_config import CacheConfig
     from radixcache.errors import OutOfPagesError, RequestStateError
-    from radixcache.eviction import (
+    from radixcache.tree.policies import (
         EvictionPolicy,
         eviction_policy_names,
         make_eviction_policy,
         register_eviction_policy,
     )
     from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
-    from radixcache.node import InsertResult, MatchResult, Node
+    from radixcache.tree.node import InsertResult, MatchResult, Node
     from radixcache.request import Request
     from radixcache.stats import CacheStats
+    from radixcache.tiers import TierConfig
     from radixcache.transfer import DeviceKVBuffer, KVSpec
-    from radixcache.tree import RadixTree
+    from radixcache.tree.radix_tree import RadixTree
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
@@ -43,18 +44,19 @@ _LAZY: dict[str, str] = {
     "RadixCache": "radixcache.cache",
     "OutOfPagesError": "radixcache.errors",
     "RequestStateError": "radixcache.errors",
-    "EvictionPolicy": "radixcache.eviction",
-    "eviction_policy_names": "radixcache.eviction",
-    "make_eviction_policy": "radixcache.eviction",
-    "register_eviction_policy": "radixcache.eviction",
+    "EvictionPolicy": "radixcache.tree.policies",
+    "eviction_policy_names": "radixcache.tree.policies",
+    "make_eviction_policy": "radixcache.tree.policies",
+    "register_eviction_policy": "radixcache.tree.policies",
     "DEFAULT_NAMESPACE": "radixcache.namespace",
     "Namespace": "radixcache.namespace",
-    "InsertResult": "radixcache.node",
-    "MatchResult": "radixcache.node",
-    "Node": "radixcache.node",
+    "InsertResult": "radixcache.tree.node",
+    "MatchResult": "radixcache.tree.node",
+    "Node": "radixcache.tree.node",
     "Request": "radixcache.request",
     "CacheStats": "radixcache.stats",
-    "RadixTree": "radixcache.tree",
+    "TierConfig": "radixcache.tiers",
+    "RadixTree": "radixcache.tree.radix_tree",
     "DeviceKVBuffer": "radixcache.transfer",
     "KVSpec": "radixcache.transfer",
 }

@@ -25,13 +25,13 @@ from radixcache.cache_config import CacheConfig, build_index
 from radixcache.errors import OutOfPagesError, RequestStateError
 from radixcache.events.types import KvEvent
 from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
-from radixcache.node import EMPTY_PAGES, PageIds
+from radixcache.tree.node import EMPTY_PAGES, PageIds
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters
-from radixcache.tier_config import TierStats
-from radixcache.tier_hooks import Tiers
+from radixcache.tiers.config import TierStats
+from radixcache.tiers.contract import Tiers
 from radixcache.tokens import as_tokens
-from radixcache.tree import RadixTree
+from radixcache.tree.radix_tree import RadixTree
 from radixcache.transfer import DeviceKVBuffer, PageAllocator
 
 __all__ = ["CacheConfig", "RadixCache"]
@@ -60,6 +60,7 @@ class RadixCache:
         built = build_index(config, self.kv, self._allocate_or_none, self.pool.free)
         self.tree: RadixTree = built.tree
         self.tiers: Tiers = built.tiers
+        self._recorder = built.recorder
 
     # ------------------------------------------------------------------ lifecycle
     def admit(
@@ -288,7 +289,7 @@ class RadixCache:
         """Page events since the last call, in order (empty unless
         ``record_events``). Call once per engine step and publish the list:
         ``publisher.publish(cache.take_events())`` (empty lists are skipped)."""
-        return self.tree.recorder.take()
+        return self._recorder.take()
 
     def close(self) -> None:
         """Finish in-flight tier jobs and stop their threads."""

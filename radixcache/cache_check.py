@@ -5,7 +5,7 @@ tree's nodes, the jobs in flight, the requests' private pages. Every page the
 device pool has allocated is owned exactly once; every request's lock and
 shared pages match the tree's path to its locked node. O(nodes + pages); for
 tests and ``RadixCache.check_integrity()`` (the tree's own invariants are
-radixcache/tree_check.py's, the host side radixcache/host_index.py's).
+radixcache/tree/check.py's, the host side radixcache/tiers/host_index.py's).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Collection
 
 import numpy as np
 
-from radixcache.node import Node, PageIds
+from radixcache.tree.node import Node, PageIds
 from radixcache.request import Request
-from radixcache.tier_hooks import Tiers
+from radixcache.tiers.contract import Tiers
 from radixcache.transfer import PageAllocator
-from radixcache.tree import RadixTree
-from radixcache.tree_check import device_page_ids
+from radixcache.tree.radix_tree import RadixTree
+from radixcache.tree.check import device_page_ids
 
 
 def check_cache(

@@ -13,18 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixcache.eviction import make_eviction_policy
-from radixcache.host_index import HostIndex
-from radixcache.node import PageIds
+from radixcache.tree.policies import make_eviction_policy
+from radixcache.tiers.host_index import HostIndex
+from radixcache.tree.node import PageIds
 from radixcache.offload.host import HostPool
-from radixcache.page_keys import PageKeys
-from radixcache.recorder import EventRecorder, NullRecorder, Recorder
-from radixcache.survivors import announce_survivors
-from radixcache.tier_config import TierConfig, open_storage
-from radixcache.tier_hooks import NullTiers, Tiers
-from radixcache.tiers import AllocateDevice, HostTiers
+from radixcache.keys.page_keys import PageKeys
+from radixcache.recorder import EventRecorder, EventSink, NoEvents
+from radixcache.tiers.survivors import announce_survivors
+from radixcache.tiers.config import TierConfig, open_storage
+from radixcache.tiers.contract import NullTiers, Tiers
+from radixcache.tiers.host_tiers import AllocateDevice, HostTiers
 from radixcache.transfer import DeviceKVBuffer, KVSpec
-from radixcache.tree import RadixTree
+from radixcache.tree.radix_tree import RadixTree
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class CacheConfig:
     device_pages: int | None = None  # device pool size in pages
     device_bytes: int | None = None  # ...or in bytes (whole pages are kept)
     device: str = "cpu"  # "cuda" when present, else the CPU
-    eviction_policy: str = "lru"  # lru, lfu, fifo, priority (see radixcache.eviction)
+    eviction_policy: str = "lru"  # lru, lfu, fifo, priority (see radixcache.tree.policies)
     allocate_kv: bool = True  # False: index and pools only, no KV tensors
     tiers: TierConfig | None = None  # host (and storage) tiers; None: device only
     record_events: bool = False  # record page events for take_events() (routers)
@@ -76,6 +76,7 @@ class CacheIndex:
 
     tree: RadixTree  # the index, device residency, locks; its recorder records events
     tiers: Tiers  # the tiers below the device (``NullTiers``: none)
+    recorder: EventSink  # what the tree and the tiers report; ``take_events`` drains it
 
 
 def build_index(
@@ -91,11 +92,11 @@ def build_index(
     storage kept from an earlier run is announced at once (for routers)."""
     page_size = config.spec.page_size
     policy = make_eviction_policy(config.eviction_policy)
-    recorder: Recorder = (
-        EventRecorder(PageKeys(page_size)) if config.record_events else NullRecorder()
+    recorder: EventSink = (
+        EventRecorder(PageKeys(page_size)) if config.record_events else NoEvents()
     )
     if config.tiers is None:
-        return CacheIndex(RadixTree(page_size, policy, recorder), NullTiers())
+        return CacheIndex(RadixTree(page_size, policy, recorder), NullTiers(), recorder)
     assert kv is not None
     host = HostPool(config.spec, config.tiers.host, config.num_device_pages)
     index = HostIndex(host, recorder, page_size)
@@ -111,4 +112,4 @@ def build_index(
     )
     if config.record_events:  # what storage kept from an earlier run, for routers
         announce_survivors(tiers.storage, recorder, page_size)
-    return CacheIndex(tree, tiers)
+    return CacheIndex(tree, tiers, recorder)

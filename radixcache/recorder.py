@@ -8,7 +8,7 @@ builds its records. Ordering follows invariant 5 of ARCHITECTURE.md because
 the callers report in the order things happen: a page's store on a new medium
 is recorded before its removal from the old one.
 
-Events name a page by its fast block id (``radixcache.event_ids``), the same
+Events name a page by its fast block id (``radixcache.keys.event_ids``), the same
 on every medium: GPU, CPU_PINNED and DISK events of one page carry one id,
 and the store jobs write it into the page's storage record, so survivors
 announced after a restart carry it too. Storage reports removals by page key
@@ -24,20 +24,21 @@ those its store job cached on the node.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.event_ids import EventIds
+from radixcache.keys.event_ids import EventIds
 from radixcache.events.types import DISK, EXTERNAL, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
-from radixcache.hashing import KEY_BYTES, BlockIds
+from radixcache.keys.hashing import KEY_BYTES, BlockIds
 from radixcache.namespace import Namespace
-from radixcache.node import Node
-from radixcache.page_keys import PageKeys
-from radixcache.storage_ids import StorageIds
+from radixcache.tree.node import Node
+from radixcache.tree.recording import NullRecorder, Recorder
+from radixcache.keys.page_keys import PageKeys
+from radixcache.keys.storage_ids import StorageIds
 
-STORAGE_MEDIA: frozenset[Medium] = frozenset((DISK, EXTERNAL))  # media whose removals come by key
+STORAGE_MEDIA: frozenset[str] = frozenset((DISK, EXTERNAL))  # media whose removals come by key
 
 
 def _ns_fields(ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
@@ -45,84 +46,16 @@ def _ns_fields(ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
     return ns.wire_salt(), ns.event_extra()
 
 
-class Recorder(Protocol):
-    """What the tree and the tiers report. Owner thread only.
-
-    A ``forgotten`` node (left under a forgotten namespace's detached root
-    because something still holds it) was reported removed from every medium
-    when its namespace was forgotten: reports about it are dropped.
-    """
-
-    unknown_removals: int  # storage removals of pages never announced here (not announced)
-
-    def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
-        """Pages ``[start, start+count)`` of ``node`` became resident on
-        ``medium``. On a storage medium (DISK, EXTERNAL) their storage keys
-        are those the store or read used (``tree.page_keys``, cached on the
-        node): the recorder keeps them to announce the pages' removal."""
-        ...
-
-    def removed(self, node: Node, medium: Medium) -> None:
-        """Every page of ``node`` left ``medium``."""
-        ...
-
-    def removed_keys(self, keys: Sequence[bytes], medium: Medium) -> None:
-        """Pages known only by their 16-byte storage keys left ``medium``
-        (announced under the ids they were stored with; unknown keys are not
-        announced)."""
-        ...
-
-    def cleared(self) -> None:
-        """Everything is gone, on every medium."""
-        ...
-
-    def stored_ids(
-        self,
-        block_ids: list[int],
-        parent_id: int | None,
-        tokens: npt.NDArray[np.int32],
-        namespace: Namespace,
-        medium: Medium,
-        keys: bytes = b"",
-    ) -> None:
-        """Pages known by their event ids (not by a node) became resident on
-        ``medium``: consecutive pages chaining from ``parent_id``, ``tokens``
-        all their token ids, ``keys`` their concatenated storage keys (for
-        a storage medium; storage survivors announced at start)."""
-        ...
+class EventSink(Recorder, Protocol):
+    """A recorder whose records the cache drains (``take_events``)."""
 
     def take(self) -> list[KvEvent]:
         """Hand over the events recorded since the last call, in order."""
         ...
 
 
-class NullRecorder:
-    """Events disabled: every report is dropped."""
-
-    unknown_removals = 0
-
-    def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
-        pass
-
-    def removed(self, node: Node, medium: Medium) -> None:
-        pass
-
-    def removed_keys(self, keys: Sequence[bytes], medium: Medium) -> None:
-        pass
-
-    def cleared(self) -> None:
-        pass
-
-    def stored_ids(
-        self,
-        block_ids: list[int],
-        parent_id: int | None,
-        tokens: npt.NDArray[np.int32],
-        namespace: Namespace,
-        medium: Medium,
-        keys: bytes = b"",
-    ) -> None:
-        pass
+class NoEvents(NullRecorder):
+    """Events disabled: every report is dropped, nothing is ever taken."""
 
     def take(self) -> list[KvEvent]:
         return []
@@ -155,7 +88,7 @@ class EventRecorder:
         self._events: list[KvEvent] = []
         self._ns: dict[Namespace, tuple[str | None, tuple[Any, ...] | None]] = {}
 
-    def stored(self, node: Node, start: int, count: int, medium: Medium) -> None:
+    def stored(self, node: Node, start: int, count: int, medium: str) -> None:
         if count <= 0 or node.forgotten:
             return
         ids = self.ids.node_ids(node)
@@ -175,7 +108,7 @@ class EventRecorder:
         parent_id: int | None,
         tokens: npt.NDArray[np.int32],
         namespace: Namespace,
-        medium: Medium,
+        medium: str,
         keys: bytes = b"",
     ) -> None:
         if not block_ids:
@@ -184,7 +117,7 @@ class EventRecorder:
         if keys and medium in STORAGE_MEDIA:
             self._remember(keys, np.array(block_ids, dtype=np.int64), medium)
 
-    def _remember(self, keys: bytes, ids: BlockIds, medium: Medium) -> None:
+    def _remember(self, keys: bytes, ids: BlockIds, medium: str) -> None:
         """Keep the ids of pages announced on a storage medium for their
         removal. A page announced before under another id (a record written
         by older code, announced at start with the id it holds, then read
@@ -194,7 +127,7 @@ class EventRecorder:
             self._remove(replaced.tolist(), medium)
 
     def _append(
-        self, ids: list[int], parent: int | None, tokens: npt.NDArray[np.int32], ns: Namespace, medium: Medium
+        self, ids: list[int], parent: int | None, tokens: npt.NDArray[np.int32], ns: Namespace, medium: str
     ) -> None:
         fields = self._ns.get(ns)
         if fields is None:
@@ -208,17 +141,17 @@ class EventRecorder:
         view.flags.writeable = False
         self._events.append(
             BlockStored(
-                ids, parent, view, self.page_size, ns.lora_id, medium, ns.lora_name,
+                ids, parent, view, self.page_size, ns.lora_id, cast(Medium, medium), ns.lora_name,
                 salt, None if extra is None else [extra] * len(ids),
             )
         )
 
-    def removed(self, node: Node, medium: Medium) -> None:
+    def removed(self, node: Node, medium: str) -> None:
         if node.forgotten:
             return
         self._remove(self.ids.node_ids(node).tolist(), medium)
 
-    def removed_keys(self, keys: Sequence[bytes], medium: Medium) -> None:
+    def removed_keys(self, keys: Sequence[bytes], medium: str) -> None:
         if not keys:
             return
         try:
@@ -231,12 +164,12 @@ class EventRecorder:
         if known.size:
             self._remove(known.tolist(), medium)
 
-    def _remove(self, hashes: list[int], medium: Medium) -> None:
+    def _remove(self, hashes: list[int], medium: str) -> None:
         last = self._events[-1] if self._events else None
         if isinstance(last, BlockRemoved) and last.medium == medium:
             last.block_hashes.extend(hashes)
         else:
-            self._events.append(BlockRemoved(block_hashes=hashes, medium=medium))
+            self._events.append(BlockRemoved(block_hashes=hashes, medium=cast(Medium, medium)))
 
     def cleared(self) -> None:
         self.storage_ids.clear()  # every page was announced gone: none is known any more

@@ -7,7 +7,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from radixcache.namespace import Namespace
-from radixcache.node import Node, PageIds, TokenArray
+from radixcache.tree.node import Node, PageIds, TokenArray
 
 
 class RollBack(NamedTuple):

@@ -101,16 +101,72 @@ def test_only_events_talks_zmq_and_msgpack_only_offload_talks_lmdb() -> None:
                 assert "cupy" not in mods, f"{rel} uses cupy"
 
 
-def test_the_tree_knows_nothing_of_devices_storage_events_or_threads() -> None:
-    tree_modules = (
-        "tree.py", "tree_check.py", "lower_tiers.py", "page_keys.py", "node.py", "eviction.py",
-        "device_eviction.py", "tree_removal.py", "tree_below.py",
-    )
-    for name in tree_modules:
-        mods = imports(ROOT / "radixcache" / name)
+def engine_part(module: str) -> str | None:
+    """The engine subpackage of a module (radixcache.tree.node -> 'tree'), or
+    None for the engine's top-level modules and other layers."""
+    parts = module.split(".")
+    if layer(module) != "engine" or len(parts) < 3:
+        return None
+    return parts[1]
+
+
+def test_the_tree_knows_nothing_of_devices_storage_events_tiers_or_threads() -> None:
+    """The tree package imports, of ours, only itself, the ids and keys of
+    pages, and namespaces: no tiers, recorder, request, events, offload or
+    transfer; and no torch, storage, ZMQ or threads."""
+    paths = sources("radixcache/tree")
+    assert len(paths) >= 9, paths
+    allowed = {"radixcache.namespace"}
+    for path in paths:
+        rel = path.relative_to(ROOT)
+        mods = imports(path)
         tops = {m.split(".")[0] for m in mods}
-        assert not tops & {"torch", "lmdb", "zmq", "msgpack", "cupy", "threading"}, name
-        assert not {layer(m) for m in mods} & {"offload", "transfer", "events"}, name
+        assert not tops & {"torch", "lmdb", "zmq", "msgpack", "cupy", "threading", "redis"}, rel
+        ours = {m for m in mods if m.startswith("radixcache")}
+        bad = {m for m in ours if engine_part(m) not in ("tree", "keys") and m not in allowed}
+        assert not bad, f"{rel} imports {sorted(bad)}"
+
+
+def test_the_keys_of_pages_know_no_tree_tiers_or_events() -> None:
+    """Ids and keys are computed from tokens and namespaces; the tree nodes
+    they are cached on are named by a contract (keys/chain.py), so the tree
+    can import the keys and not the other way round."""
+    for path in sources("radixcache/keys"):
+        rel = path.relative_to(ROOT)
+        parts = {engine_part(m) for m in imports(path)}
+        assert not parts & {"tree", "tiers", "cli", "integrations"}, rel
+        assert not {layer(m) for m in imports(path)} & {"events"}, rel
+
+
+def test_the_tiers_are_below_the_facade() -> None:
+    """The tiers package never imports the cache facade or its config (the
+    facade wires the tiers, not the other way round)."""
+    for path in sources("radixcache/tiers"):
+        bad = {m for m in imports(path)
+               if m in ("radixcache.cache", "radixcache.cache_config", "radixcache.cache_check")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+PACKAGE_FOLDERS = ("radixcache", "events", "transfer", "offload")
+MAX_MODULES = 12  # modules per package folder, __init__ and __main__ aside
+MAX_LINES = 420  # lines per module (the guideline is about 400)
+
+
+def test_every_package_is_small_enough_to_find_things_in() -> None:
+    """A newcomer finds each concept from the folder names alone: no folder
+    of more than about 12 modules, no module of more than about 400 lines."""
+    for top in PACKAGE_FOLDERS:
+        for folder in [ROOT / top, *(d for d in (ROOT / top).rglob("*") if d.is_dir())]:
+            if folder.is_symlink() or "__pycache__" in folder.parts or folder.name == "fixtures":
+                continue
+            if top == "radixcache" and folder.relative_to(ROOT).parts[1:2] and \
+                    folder.relative_to(ROOT).parts[1] in LAYERS:
+                continue  # the linked layers are checked under their own folder
+            modules = [p for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+            assert len(modules) <= MAX_MODULES, f"{folder.relative_to(ROOT)}: {len(modules)} modules"
+            for module in modules:
+                lines = len(module.read_text().splitlines())
+                assert lines <= MAX_LINES, f"{module.relative_to(ROOT)}: {lines} lines"
 
 
 def test_nothing_below_the_engine_imports_the_apps() -> None:
@@ -175,10 +231,15 @@ def test_no_import_circles() -> None:
     ("module", "banned"),
     [
         ("radixcache.transfer", ("lmdb", "zmq", "msgpack", "redis", "radixcache.cache",
-                                 "radixcache.tree", "radixcache.offload", "radixcache.events")),
-        ("radixcache.events", ("lmdb", "torch", "redis", "radixcache.cache", "radixcache.tree",
+                                 "radixcache.tree.radix_tree", "radixcache.offload", "radixcache.events")),
+        ("radixcache.events", ("lmdb", "torch", "redis", "radixcache.cache", "radixcache.tree.radix_tree",
                                "radixcache.offload", "radixcache.transfer")),
         ("radixcache", ("lmdb", "zmq", "torch", "radixcache.cache")),
+        ("radixcache.tree", ("lmdb", "zmq", "torch", "radixcache.cache", "radixcache.tiers",
+                             "radixcache.offload", "radixcache.transfer", "radixcache.events",
+                             "radixcache.recorder")),
+        ("radixcache.keys", ("lmdb", "zmq", "torch", "radixcache.tree", "radixcache.tiers",
+                             "radixcache.offload", "radixcache.events")),
     ],
 )
 def test_importing_a_layer_loads_only_what_it_needs(module: str, banned: tuple[str, ...]) -> None:

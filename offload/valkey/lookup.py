@@ -86,7 +86,7 @@ class PoolLookup:
 
     ``keys_of(tokens, block_size, lora_id, lora_name, cache_salt,
     extra_keys)`` returns the engines' page keys for the request's full pages
-    under the namespace those fields name (``radixcache.routing_keys``
+    under the namespace those fields name (``radixcache.keys.routing_keys``
     builds one for radixcache engines). Thread-safe.
     """
 

@@ -19,8 +19,8 @@ from radixcache.cli.parser import CliParser, run_guarded
 # Modules with a ``register(subparsers)`` that adds one subcommand, in the
 # order ``radixcache -h`` lists them.
 COMMANDS: list[str] = [
-    "radixcache.cli.demo",
-    "radixcache.cli.replay_command",
+    "radixcache.cli.demo.command",
+    "radixcache.cli.replay.command",
     "radixcache.cli.bench_command",
 ]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
-from events_testkit import BS, MakePublisher
+from tests.events.events_testkit import BS, MakePublisher
 
 from radixcache.events import (
     EventSubscriber,

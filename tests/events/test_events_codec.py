@@ -7,7 +7,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from events_testkit import BS, stored
+from tests.events.events_testkit import BS, stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import zmq
-from events_testkit import BS, MakePublisher, replay, stored, sync_raw, wait_until
+from tests.events.events_testkit import BS, MakePublisher, replay, stored, sync_raw, wait_until
 
 from radixcache.events import (
     BindError,

@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from events_testkit import (
+from tests.events.events_testkit import (
     applied_upto,
     BS,
     PROBE_HASH,

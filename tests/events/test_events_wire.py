@@ -7,7 +7,7 @@ from typing import Any
 
 import msgpack
 import zmq
-from events_testkit import BS, PROBE_HASH, MakePublisher, replay, stored, sync_raw
+from tests.events.events_testkit import BS, PROBE_HASH, MakePublisher, replay, stored, sync_raw
 
 from radixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 

@@ -35,8 +35,8 @@ from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
 from radixcache.offload.record import record_size
 from radixcache.tiers import HostTiers, TierConfig
 from tests.events.events_testkit import sync
-from tests.radixcache.idkit import assert_stored_ids_match, record_ids, reference_ids
-from tests.radixcache.tierkit import SPEC, compute
+from tests.radixcache.keys.idkit import assert_stored_ids_match, record_ids, reference_ids
+from tests.radixcache.tiers.tierkit import SPEC, compute
 
 P = SPEC.page_size
 TENANTS = [Namespace(), Namespace(salt="a"), Namespace(salt="b", lora_id=2, lora_name="x")]

@@ -37,8 +37,8 @@ from radixcache import CacheConfig, KVSpec, Namespace, OutOfPagesError, RadixCac
 from radixcache.tiers import HostTiers, TierConfig
 from tests.events import peer_structs
 from tests.events.events_testkit import replay, sync
-from tests.radixcache.idkit import assert_stored_ids_match, record_ids, reference_ids
-from tests.radixcache.tierkit import compute
+from tests.radixcache.keys.idkit import assert_stored_ids_match, record_ids, reference_ids
+from tests.radixcache.tiers.tierkit import compute
 
 P = 4
 SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=P)

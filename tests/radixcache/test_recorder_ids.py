@@ -10,14 +10,14 @@ import numpy as np
 
 from radixcache import CacheConfig, Namespace, RadixCache
 from radixcache.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from radixcache.hashing import chain_keys
+from radixcache.keys.hashing import chain_keys
 from radixcache.offload.host import HostPoolConfig
 from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
-from radixcache.page_keys import PageKeys
+from radixcache.keys.page_keys import PageKeys
 from radixcache.recorder import EventRecorder
 from radixcache.tiers import HostTiers, TierConfig
-from tests.radixcache.idkit import record_ids, reference_ids
-from tests.radixcache.tierkit import P, SPEC, compute
+from tests.radixcache.keys.idkit import record_ids, reference_ids
+from tests.radixcache.tiers.tierkit import P, SPEC, compute
 
 NS = Namespace(salt="tenant", lora_id=3, lora_name="l3")
 

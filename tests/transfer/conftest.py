@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from transfer_testkit import fill_random
+from tests.transfer.transfer_testkit import fill_random
 
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import DeviceKVBuffer, KVSpec

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transfer_testkit import as_bits, fill_random
+from tests.transfer.transfer_testkit import as_bits, fill_random
 
 from radixcache.transfer.convert import (
     PagePairs,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
-from transfer_testkit import as_bits, fill_random
+from tests.transfer.transfer_testkit import as_bits, fill_random
 
 from radixcache.transfer.engine import (
     CopyEngine,

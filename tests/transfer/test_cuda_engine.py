@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from transfer_testkit import as_bits, fill_random
+from tests.transfer.transfer_testkit import as_bits, fill_random
 
 from radixcache.transfer.cuda_engine import (
     CudaCopyEngine,

@@ -15,7 +15,7 @@ import pytest
 from radixcache.offload import StorageConfig, ModelFingerprint, NullStorage, Storage, StorageStats
 
 if TYPE_CHECKING:
-    from conftest import StoreKit
+    from tests.offload.conftest import StoreKit
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -26,7 +26,7 @@ from radixcache.offload.lmdb.space import DISK_RESERVE_MAX_BYTES, DiskReserve, d
 from radixcache.offload import LmdbStorage, StorageConfig, ModelFingerprint, StorageError, StorageOpenError
 
 if TYPE_CHECKING:
-    from conftest import StoreKit
+    from tests.offload.conftest import StoreKit
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -13,7 +13,7 @@ from radixcache.offload.storage import record as rec
 from radixcache.offload import PutMeta
 
 if TYPE_CHECKING:
-    from conftest import StoreKit
+    from tests.offload.conftest import StoreKit
 
 
 def _copy_record(store_path: str, src: bytes, dst: bytes) -> None:

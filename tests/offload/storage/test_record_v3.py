@@ -22,7 +22,7 @@ from radixcache.offload.storage import record as rec
 from radixcache.offload.storage.kv_checksum import ROW_BYTES
 
 if TYPE_CHECKING:
-    from conftest import PoolKit, StoreKit
+    from tests.offload.conftest import PoolKit, StoreKit
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PREFIX = bytes.fromhex("c7d7692a5c808bf7")  # the digest of conftest's fingerprint

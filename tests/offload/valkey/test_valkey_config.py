@@ -13,7 +13,7 @@ from radixcache.offload.valkey import ValkeyConfig, redact_url
 from radixcache.offload import ValkeyStorage
 
 if TYPE_CHECKING:
-    from conftest import PoolKit
+    from tests.offload.conftest import PoolKit
 
 SECRET = "p@ss:w/rd"
 
@@ -108,7 +108,7 @@ def test_open_backend_opens_each_backend(single_kit: PoolKit, tmp_path: Path) ->
 def test_tier_config_takes_a_storage_url_and_keeps_the_password_out(tmp_path: Path) -> None:
     from radixcache.offload import StorageConfig
     from radixcache.offload import ValkeyConfig
-    from radixcache.tier_config import TierConfig
+    from radixcache.tiers.config import TierConfig
 
     pool = TierConfig(storage="valkey://alice:hunter2@127.0.0.1:6399/0?cluster=true")
     assert isinstance(pool.storage, ValkeyConfig)

@@ -26,7 +26,7 @@ import pytest
 
 if TYPE_CHECKING:
     from radixcache import RadixCache
-    from valkey_servers import ValkeyCluster, ValkeyServer
+    from tests.offload.valkey.valkey_servers import ValkeyCluster, ValkeyServer
 
 
 def make_engine(url: str, monkeypatch: pytest.MonkeyPatch | None = None) -> RadixCache:
@@ -34,8 +34,8 @@ def make_engine(url: str, monkeypatch: pytest.MonkeyPatch | None = None) -> Radi
     (``TierConfig(storage=url)``, as a user configures it)."""
     from radixcache import CacheConfig, RadixCache
     from radixcache.offload import HostPoolConfig
-    from radixcache.tier_config import TierConfig
-    from tests.radixcache.tierkit import SPEC
+    from radixcache.tiers.config import TierConfig
+    from tests.radixcache.tiers.tierkit import SPEC
 
     fields: dict[str, Any] = {
         "host": HostPoolConfig(pages=16),
@@ -51,7 +51,7 @@ def run_engine(role: str, url: str) -> dict[str, Any]:
     """Engine ``a`` prefills and stores; engine ``b`` is served from the pool."""
     import numpy as np
 
-    from tests.radixcache.tierkit import P, assert_kv_correct, prefill
+    from tests.radixcache.tiers.tierkit import P, assert_kv_correct, prefill
 
     prompt = np.arange(1000, 1000 + 4 * P + 1, dtype=np.int32)
     cache = make_engine(url)
@@ -113,9 +113,9 @@ def test_an_engine_whose_pool_is_down_recomputes_and_never_fails(monkeypatch: py
     """The engine itself (in this process) on a pool that is not there: every
     request is computed, KV is right, the failures are counted, nothing raises."""
     import numpy as np
-    from valkey_servers import free_port
+    from tests.offload.valkey.valkey_servers import free_port
 
-    from tests.radixcache.tierkit import P, assert_kv_correct, prefill
+    from tests.radixcache.tiers.tierkit import P, assert_kv_correct, prefill
 
     cache = make_engine(f"valkey://127.0.0.1:{free_port()}/0", monkeypatch)
     try:

@@ -18,8 +18,8 @@ from radixcache import CacheConfig, RadixCache
 from radixcache.events.types import BlockRemoved, BlockStored, KvEvent
 from radixcache.metrics import snapshot
 from radixcache.offload import HostPoolConfig
-from radixcache.tier_config import TierConfig
-from tests.radixcache.tierkit import P, SPEC, assert_kv_correct, compute, prefill
+from radixcache.tiers.config import TierConfig
+from tests.radixcache.tiers.tierkit import P, SPEC, assert_kv_correct, compute, prefill
 
 
 @pytest.fixture(params=["single", "cluster"])

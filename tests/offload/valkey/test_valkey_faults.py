@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from valkey_servers import ValkeyServer, free_port
+from tests.offload.valkey.valkey_servers import ValkeyServer, free_port
 
 from radixcache.offload import ModelFingerprint
 
 if TYPE_CHECKING:
-    from conftest import PoolKit
+    from tests.offload.conftest import PoolKit
 
 KitAt = Callable[[str], "PoolKit"]
 

@@ -14,7 +14,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 import torch
-from valkey_servers import free_port
+from tests.offload.valkey.valkey_servers import free_port
 
 from radixcache.offload import ModelFingerprint, ValkeyConfig, ValkeyStorage
 from radixcache.transfer.host import HostKVBuffer

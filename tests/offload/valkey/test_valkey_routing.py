@@ -1,7 +1,7 @@
 """Routing that counts the shared pool: ``KvIndex(pool_lookup=PoolLookup(...))``.
 
 The router computes the engines' page keys from a request's tokens and
-namespace as the wire names it (``radixcache.routing_keys.request_keys``:
+namespace as the wire names it (``radixcache.keys.routing_keys.request_keys``:
 ``chain_keys`` under the namespace digest, as the tree does), asks the pool how many leading pages it holds, and discounts
 the prefill of the pages past each worker's own overlap (Dynamo's
 ``hits_beyond(overlap) * shared_cache_multiplier``). A failed pool query
@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 from radixcache import Namespace
-from radixcache.events.index import IndexConfig, KvIndex
+from radixcache.events.index.kv_index import IndexConfig, KvIndex
 from radixcache.events.types import GPU, BlockStored
-from radixcache.hashing import chain_keys, split_keys
+from radixcache.keys.hashing import chain_keys, split_keys
 from radixcache.offload import ValkeyConfig, PoolLookup
-from radixcache.routing_keys import pool_lookup, request_keys
+from radixcache.keys.routing_keys import pool_lookup, request_keys
 
 if TYPE_CHECKING:
-    from conftest import PoolKit
-    from valkey_servers import ValkeyServer
+    from tests.offload.conftest import PoolKit
+    from tests.offload.valkey.valkey_servers import ValkeyServer
 
 BS = 4  # tokens per block (the conftest's page size)
 
@@ -92,7 +92,7 @@ def test_the_pool_lets_an_idle_worker_with_no_local_overlap_win(pool_kit: PoolKi
 
 
 def test_a_failed_pool_query_falls_back_to_the_index(caplog: pytest.LogCaptureFixture) -> None:
-    from valkey_servers import free_port
+    from tests.offload.valkey.valkey_servers import free_port
 
     config = ValkeyConfig.from_url(f"valkey://127.0.0.1:{free_port()}/0", connect_timeout_s=0.2)
     from radixcache.offload import ModelFingerprint
@@ -127,9 +127,9 @@ def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, mon
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_valkey_engines import make_engine
+    from tests.offload.valkey.test_valkey_engines import make_engine
 
-    from tests.radixcache.tierkit import P, prefill
+    from tests.radixcache.tiers.tierkit import P, prefill
 
     valkey_server.flush()
     cache = make_engine(valkey_server.url, monkeypatch)

@@ -10,8 +10,8 @@ import pytest
 from radixcache.offload import ModelFingerprint, Storage
 
 if TYPE_CHECKING:
-    from conftest import PoolKit
-    from valkey_servers import ValkeyServer
+    from tests.offload.conftest import PoolKit
+    from tests.offload.valkey.valkey_servers import ValkeyServer
 
 
 def test_put_get_round_trip_is_bit_exact(pool_kit: PoolKit) -> None:

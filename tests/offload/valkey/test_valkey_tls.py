@@ -25,8 +25,8 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from conftest import PoolKit
-    from valkey_servers import ValkeyServer
+    from tests.offload.conftest import PoolKit
+    from tests.offload.valkey.valkey_servers import ValkeyServer
 
 crypto = pytest.importorskip("cryptography")
 

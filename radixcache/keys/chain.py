@@ -1,0 +1,32 @@
+"""What the ids and keys of pages need of a tree node: its run of tokens,
+its parent, its namespace, and the two caches they fill on it.
+
+A page's event id and storage key both chain through its whole prefix, so
+they are computed walking up to the root and cached on every node passed.
+The tree's ``Node`` is one; this package names the shape instead of
+importing the tree, which imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from radixcache.keys.hashing import BlockIds
+from radixcache.namespace import Namespace
+
+
+class ChainNode(Protocol):
+    """A run of whole pages in a prefix tree (``radixcache.tree.node.Node``)."""
+
+    key: npt.NDArray[np.int32]  # the run's tokens, length a multiple of the page size
+    namespace: Namespace  # the partition the run belongs to
+    ids: BlockIds | None  # cached event ids of the run's pages (a prefix of them)
+    keys: bytes | None  # cached 16-byte storage keys of the run's pages, concatenated
+
+    @property
+    def parent(self) -> ChainNode | None:
+        """The node before this run; None at a namespace's root."""
+        ...

@@ -1,0 +1,213 @@
+"""Residency below the device: host copies, stored pages and job holds, per node.
+
+``HostIndex`` is the ``LowerTiers`` the tree is built with. It owns, on every
+tree node, four fields the tree never reads (they sit on the node for speed):
+
+* ``host``: host page ids of the node's pages, or None (owned by this index:
+  it frees them to the host pool when the copy goes);
+* ``stored``: a hint that every page is committed to storage (storage may
+  evict them later: it is not a promise);
+* ``holds``: tier jobs in flight on the node's pages (backup, store, load):
+  a held node stays in the tree and keeps its host copy;
+* ``loading``: of those, loads writing its device pages: no insert adopts
+  the node and no second load starts meanwhile.
+
+A store only reads host pages: it holds the node (so the host copy stays)
+but does not mark it loading, so a load-back of the same pages proceeds
+(invariant 11). A node split while a job is in flight passes its holds to
+both pieces; the job finds them again with ``jobs.pieces``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import numpy as np
+
+from radixcache.tree.node import EMPTY_PAGES, Node, PageIds
+from radixcache.offload.host import HostPool
+from radixcache.events.types import Medium
+from radixcache.tree.recording import Recorder
+
+CPU_PINNED: Final = "CPU_PINNED"  # the host medium, as the recorder names it
+DISK: Final = "DISK"  # the storage medium
+
+
+class HostIndex:
+    """Host/storage residency and job holds of tree nodes. Owner thread only."""
+
+    def __init__(self, pool: HostPool, recorder: Recorder, page_size: int) -> None:
+        self.pool = pool
+        self.page_size = page_size
+        self.recorder = recorder
+        self.host_pages = 0  # host pages held by nodes
+        # The storage tier's event medium (HostTiers sets it): DISK announces
+        # every page stored or read back; EXTERNAL (a shared pool) only the
+        # pages this engine wrote, which ``note_written`` collects and the
+        # landing store jobs take (``take_written``).
+        self.storage_medium: Medium = DISK
+        self._written: set[bytes] = set()
+
+    # ------------------------------------------------------------------ LowerTiers
+    def resident(self, node: Node) -> bool:
+        return node.host is not None
+
+    def adoptable(self, node: Node) -> bool:
+        return node.loading == 0
+
+    def bare(self, node: Node) -> bool:
+        return node.host is None and not node.stored and node.holds == 0
+
+    def held(self, node: Node) -> bool:
+        return node.holds > 0
+
+    def split(self, upper: Node, lower: Node, pages: int) -> None:
+        if lower.host is not None:
+            upper.host = lower.host[:pages]
+            lower.host = lower.host[pages:]
+        upper.stored = lower.stored
+        upper.holds = lower.holds  # a job in flight covers both pieces
+        upper.loading = lower.loading
+
+    def discard(self, node: Node) -> None:
+        assert node.holds == 0, f"{node!r} left the tree while a job holds it"
+        pages = node.host
+        if pages is not None:
+            self.recorder.removed(node, CPU_PINNED)
+            node.host = None
+            self.host_pages -= pages.size
+            self.pool.free(pages)
+
+    def forgotten(self, node: Node) -> None:
+        if node.host is not None:
+            self.recorder.removed(node, CPU_PINNED)
+
+    # ------------------------------------------------------------------ residency
+    def attach(self, node: Node, pages: PageIds) -> None:
+        """``node``'s pages now also live in host ``pages`` (owned from now on)."""
+        assert node.host is None and node.parent is not None
+        assert pages.size * self.page_size == node.key.size, "host pages do not cover the node"
+        node.host = pages
+        self.host_pages += pages.size
+        self.recorder.stored(node, 0, int(pages.size), CPU_PINNED)
+
+    def attach_stored(self, node: Node, pages: PageIds) -> None:
+        """A node read back from storage: host ``pages``, stored."""
+        self.attach(node, pages)
+        node.stored = True
+        if self.storage_medium == DISK:  # a shared pool's pages were announced by their writer
+            self.recorder.stored(node, 0, int(pages.size), DISK)  # to this publisher's consumers
+
+    def mark_stored(
+        self, node: Node, start: int, count: int, wrote: Sequence[bool] = ()
+    ) -> None:
+        """Pages ``[start, start+count)`` of ``node`` were committed to storage;
+        on a shared pool, ``wrote[i]`` says whether this engine wrote page
+        ``start + i`` (only those are announced)."""
+        if count > 0 and self.storage_medium == DISK:
+            self.recorder.stored(node, start, count, DISK)
+        elif count > 0:
+            run = 0  # announce each run of pages this engine wrote
+            for i in range(count + 1):
+                if i < count and i < len(wrote) and wrote[i]:
+                    run += 1
+                elif run:
+                    self.recorder.stored(node, start + i - run, run, self.storage_medium)
+                    run = 0
+        if start + count >= node.key.size // self.page_size:
+            node.stored = True
+
+    def note_written(self, keys: Iterable[bytes]) -> None:
+        """Page keys this engine wrote into a shared pool (``Storage.take_written``)."""
+        self._written.update(keys)
+
+    def take_written(self, keys: Sequence[bytes]) -> list[bool]:
+        """For a landing store job: which of its ``keys`` this engine wrote
+        (forgotten here once taken)."""
+        if not self._written:
+            return [False] * len(keys)
+        wrote = [k in self._written for k in keys]
+        self._written.difference_update(keys)
+        return wrote
+
+    def drop(self, node: Node) -> PageIds:
+        """Remove ``node``'s host copy (host eviction); returns its pages, still
+        allocated (the caller frees them or reuses them)."""
+        pages = node.host
+        assert pages is not None and node.holds == 0 and node.lock_ref == 0
+        self.recorder.removed(node, CPU_PINNED)
+        node.host = None
+        self.host_pages -= pages.size
+        return pages
+
+    def candidates(self, nodes: Iterable[Node], key: object) -> list[Node]:
+        """Nodes whose host copy may be dropped now, in ``key`` order: unlocked,
+        not held, and either still on the device or childless (so dropping
+        leaves no orphan). O(nodes)."""
+        found = [
+            n
+            for n in nodes
+            if n.host is not None
+            and n.lock_ref == 0
+            and n.holds == 0
+            and (n.device is not None or not n.children)
+        ]
+        found.sort(key=key)  # type: ignore[arg-type]
+        return found
+
+    # ------------------------------------------------------------------ holds
+    @staticmethod
+    def hold(nodes: Sequence[Node], loading: bool = False) -> None:
+        """A job takes ``nodes`` (``loading``: it writes their device pages)."""
+        for node in nodes:
+            node.holds += 1
+            node.loading += loading
+
+    @staticmethod
+    def release(nodes: Sequence[Node], loading: bool = False) -> None:
+        """Undo one ``hold`` of ``nodes`` (the job's pieces, in path order)."""
+        for node in nodes:
+            assert node.holds > 0 and node.loading >= loading, f"{node!r}: release without a hold"
+            node.holds -= 1
+            node.loading -= loading
+
+    # ------------------------------------------------------------------ bulk
+    def clear(self) -> None:
+        """Everything went (the tree was reset, no job in flight): free every host page."""
+        self.pool.free(self.pool.allocated_ids())
+        self.host_pages = 0
+
+    def host_page_ids(self, nodes: Iterable[Node]) -> PageIds:
+        parts = [n.host for n in nodes if n.host is not None]
+        return np.concatenate(parts) if parts else EMPTY_PAGES
+
+    def check_integrity(
+        self,
+        nodes: Sequence[Node],
+        holds: dict[Node, tuple[int, int]],
+        job_host_pages: Sequence[PageIds],
+    ) -> None:
+        """Verify the host fields of ``nodes`` (every tree node) against the
+        jobs in flight: ``holds`` maps a node to the (holds, loading) counts
+        the live jobs account for; ``job_host_pages`` are host pages jobs own."""
+        self.pool.check_integrity()
+        total = 0
+        for node in nodes:
+            want = holds.get(node, (0, 0))
+            assert (node.holds, node.loading) == want, (
+                f"{node!r}: holds/loading ({node.holds}, {node.loading}) but the jobs in flight "
+                f"account for {want}"
+            )
+            if node.host is not None:
+                assert node.host.size * self.page_size == node.key.size, f"{node!r}: host pages"
+                total += node.host.size
+        stray = set(holds) - set(nodes)
+        assert not stray, f"jobs hold {len(stray)} nodes that are not in the tree"
+        assert total == self.host_pages, f"host_pages {self.host_pages} != {total}"
+        ids = np.concatenate([self.host_page_ids(nodes), *job_host_pages])
+        assert np.unique(ids).size == ids.size, "a host page is owned twice"
+        allocated = self.pool.allocated_ids()
+        assert np.array_equal(np.sort(ids), allocated), (
+            f"host pool accounting: {allocated.size} allocated, {ids.size} owned"
+        )

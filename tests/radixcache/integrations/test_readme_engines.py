@@ -1,0 +1,79 @@
+"""The README's vLLM and SGLang switches build our tier and backend through the
+engines' own factories, and the engine benchmark runs end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+README = (ROOT / "README.md").read_text()
+
+
+def readme_json(flag: str) -> dict[str, Any]:
+    match = re.search(re.escape(flag) + r" '(\{.*?\})'", README)
+    assert match is not None, f"no {flag} JSON in the README"
+    value: dict[str, Any] = json.loads(match.group(1))
+    return value
+
+
+def test_readme_kv_transfer_config_builds_the_tier(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    from tests.radixcache.integrations.test_vllm_tier import aligned_tensor, offloading_spec
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from radixcache.integrations.vllm import RadixcacheTier
+
+    config = readme_json("--kv-transfer-config")
+    assert config["kv_connector"] == "OffloadingConnector"
+    extra = config["kv_connector_extra_config"]
+    assert OffloadingSpecFactory.get_spec_cls(extra).__name__ == extra["spec_name"]
+    (tier_config,) = extra["secondary_tiers"]
+    tier_config = {**tier_config, "path": str(tmp_path / "vllm"), "capacity_bytes": 1 << 22}
+    tensor = aligned_tensor(2)
+    tier = SecondaryTierFactory.create_secondary_tier(
+        tier_config, memoryview(tensor.numpy()), offloading_spec()
+    )
+    try:
+        assert isinstance(tier, RadixcacheTier)
+    finally:
+        tier.shutdown()
+
+
+def test_readme_hicache_extra_config_builds_the_backend(tmp_path: Path) -> None:
+    pytest.importorskip("sglang")
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+    from tests.radixcache.integrations.test_sglang_backend import HostPoolDouble, config
+
+    from radixcache.integrations.sglang import RadixcacheHiCacheStorage
+
+    extra = readme_json("--hicache-storage-backend-extra-config")
+    assert extra["interface_v1"] == 1
+    extra = {**extra, "path": str(tmp_path / "sglang"), "capacity_bytes": 1 << 22}
+    cfg = config(tmp_path)
+    cfg.extra_config = extra
+    store = StorageBackendFactory.create_backend("dynamic", cfg, None)
+    assert isinstance(store, RadixcacheHiCacheStorage)
+    store.register_mem_pool_host(HostPoolDouble())
+    assert store.path == str(tmp_path / "sglang" / "tp0")
+    store.close()
+
+
+def test_engine_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    pytest.importorskip("sglang")
+    from radixcache.cli.bench.engines import run
+
+    out = run(total_mib=2, repeat=1, parent=str(tmp_path))
+    assert out["pages"] == 1
+    assert set(out["vllm"]["ratios_vs_fs"]) == {
+        f"{kind}_radixcache_{d}" for kind in ("store", "load") for d in ("fast", "safe")
+    }
+    assert all(r["found"] == 1 for r in out["vllm"]["restart"].values())
+    assert all(r["found"] == 1 for r in out["sglang"]["restart"].values())
+    assert out["sglang"]["load"]["radixcache_safe"]["gb_per_s"] > 0
