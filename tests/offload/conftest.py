@@ -12,7 +12,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from radixcache.offload import LmdbStorage, StorageConfig, ModelFingerprint
+from radixcache.offload import LmdbStorage, ModelFingerprint, StorageConfig
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import Ticket

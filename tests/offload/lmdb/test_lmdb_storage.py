@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
-from radixcache.offload import StorageConfig, ModelFingerprint, NullStorage, Storage, StorageStats
+from radixcache.offload import ModelFingerprint, NullStorage, Storage, StorageConfig, StorageStats
 
 if TYPE_CHECKING:
     from tests.offload.conftest import StoreKit
@@ -218,7 +218,7 @@ def test_warm_restart_keeps_pages_and_write_order(kit: StoreKit) -> None:
 _CHILD_READ = """
 import hashlib, json, sys
 import numpy as np, torch
-from radixcache.offload import LmdbStorage, StorageConfig, ModelFingerprint
+from radixcache.offload import LmdbStorage, ModelFingerprint, StorageConfig
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 spec = KVSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float16, page_size=4)

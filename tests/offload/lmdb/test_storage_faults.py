@@ -23,7 +23,13 @@ import pytest
 from radixcache.offload.lmdb import space as lmdb_space, writer as lmdb_writer
 from radixcache.offload.storage import record as lmdb_record
 from radixcache.offload.lmdb.space import DISK_RESERVE_MAX_BYTES, DiskReserve, disk_room
-from radixcache.offload import LmdbStorage, StorageConfig, ModelFingerprint, StorageError, StorageOpenError
+from radixcache.offload import (
+    LmdbStorage,
+    ModelFingerprint,
+    StorageConfig,
+    StorageError,
+    StorageOpenError,
+)
 
 if TYPE_CHECKING:
     from tests.offload.conftest import StoreKit
@@ -270,7 +276,7 @@ def test_an_error_inside_a_transaction_commits_nothing_of_it(
 _CHILD_WRITE = """
 import collections, hashlib, sys
 import numpy as np, torch
-from radixcache.offload import LmdbStorage, StorageConfig, ModelFingerprint
+from radixcache.offload import LmdbStorage, ModelFingerprint, StorageConfig
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 spec = KVSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float16, page_size=4)

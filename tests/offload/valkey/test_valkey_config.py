@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from radixcache.offload import LmdbStorage, StorageConfig, NullStorage
+from radixcache.offload import LmdbStorage, NullStorage, StorageConfig, ValkeyStorage
 from radixcache.offload.backends import PASSWORD_ENV, open_backend, storage_config
 from radixcache.offload.valkey import ValkeyConfig, redact_url
-from radixcache.offload import ValkeyStorage
 
 if TYPE_CHECKING:
     from tests.offload.conftest import PoolKit
@@ -106,8 +105,7 @@ def test_open_backend_opens_each_backend(single_kit: PoolKit, tmp_path: Path) ->
 
 
 def test_tier_config_takes_a_storage_url_and_keeps_the_password_out(tmp_path: Path) -> None:
-    from radixcache.offload import StorageConfig
-    from radixcache.offload import ValkeyConfig
+    from radixcache.offload import StorageConfig, ValkeyConfig
     from radixcache.tiers.config import TierConfig
 
     pool = TierConfig(storage="valkey://alice:hunter2@127.0.0.1:6399/0?cluster=true")

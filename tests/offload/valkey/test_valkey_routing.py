@@ -21,7 +21,7 @@ from radixcache import Namespace
 from radixcache.events.index.kv_index import IndexConfig, KvIndex
 from radixcache.events.types import GPU, BlockStored
 from radixcache.keys.hashing import chain_keys, split_keys
-from radixcache.offload import ValkeyConfig, PoolLookup
+from radixcache.offload import PoolLookup, ValkeyConfig
 from radixcache.keys.routing_keys import pool_lookup, request_keys
 
 if TYPE_CHECKING:
