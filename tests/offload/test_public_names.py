@@ -147,7 +147,8 @@ def test_importing_the_package_loads_no_backend_and_no_client_library() -> None:
 
 def test_lmdb_users_never_load_the_pool_client() -> None:
     loaded = _loaded_after(
-        "from radixcache.offload import HostPoolConfig, StorageConfig, open_backend, storage_config\n"
+        "from radixcache.offload import HostPoolConfig, StorageConfig, open_backend\n"
+        "from radixcache.offload import storage_config\n"
         "storage_config('lmdb:///tmp/x?capacity_gib=1')"
     )
     assert "lmdb" in loaded and "radixcache.offload.lmdb" in loaded
@@ -156,5 +157,7 @@ def test_lmdb_users_never_load_the_pool_client() -> None:
 
 
 def test_a_pool_config_loads_no_client_library() -> None:
-    loaded = _loaded_after("from radixcache.offload import ValkeyConfig\nValkeyConfig.from_url('valkey://h:1/0')")
+    loaded = _loaded_after(
+        "from radixcache.offload import ValkeyConfig\nValkeyConfig.from_url('valkey://h:1/0')"
+    )
     assert not [m for m in loaded if m == "redis" or m.startswith("redis.")], loaded
