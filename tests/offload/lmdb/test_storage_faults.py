@@ -144,7 +144,7 @@ def test_a_store_of_another_fingerprint_never_hits(
 ) -> None:
     other = ModelFingerprint(other.model_id, kit.spec.describe(), other.tp_rank)
     keys, pages = _three_pages(kit)
-    with caplog.at_level(logging.WARNING, logger="radixcache.offload.lmdb.storage"):
+    with caplog.at_level(logging.WARNING, logger="radixcache.offload.lmdb.env"):
         foreign = kit.open(fingerprint=other)
     assert "last written for model=tiny-model" in caplog.text
     host = kit.host(8, seed=2)
