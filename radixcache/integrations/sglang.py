@@ -34,6 +34,12 @@ the tensor-parallel rank, so ranks never read each other's heads and pages of
 another dtype are never hits. With LMDB each rank opens its own directory
 under ``path`` (``tp{rank}``), as one store belongs to one process.
 
+Tenants: a call's tenant is ``extra_info.extra_info["cache_salt"]``
+(``radixcache.integrations.tenants``); its pages are stored, found and read
+under that tenant's namespace only. SGLang 0.5.23 folds a request's salt into
+its page hashes but hands backends no salt (its controller passes only
+``prefix_keys``), so pages it writes by itself land in the default namespace.
+
 This module imports SGLang; ``import radixcache`` never imports it.
 """
 
@@ -62,6 +68,8 @@ from radixcache.integrations.pagestore import (
     describe_path,
     is_pool_url,
 )
+from radixcache.integrations.tenants import salt_of, tenant_namespace
+from radixcache.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +159,7 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
-        return self._open().leading(_encode(keys))
+        return self._open().leading(_encode(keys), _tenant(extra_info))
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -165,12 +173,13 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
         store = self._open()
         if not keys:
             return []
+        namespace = _tenant(extra_info)
         pieces = self._pieces(keys, host_indices)
         staging = self._stage(len(keys), store.page_bytes)
         rows = staging.as_bytes()
         for i, page in enumerate(pieces):
             _gather(page, rows[i])
-        ticket = store.put(_encode(keys), staging, range(len(keys)))
+        ticket = store.put(_encode(keys), staging, range(len(keys)), namespace)
         ticket.wait()
         return ticket.results()
 
@@ -183,9 +192,10 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
         store = self._open()
         if not keys:
             return []
+        namespace = _tenant(extra_info)
         pieces = self._pieces(keys, host_indices)
         staging = self._stage(len(keys), store.page_bytes)
-        ticket = store.get(_encode(keys), staging, range(len(keys)))
+        ticket = store.get(_encode(keys), staging, range(len(keys)), namespace)
         ticket.wait()
         results = ticket.results()
         rows = staging.as_bytes()
@@ -278,6 +288,12 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
         return [
             [(int(ptrs[i * k + j]), self.piece_bytes[j]) for j in range(k)] for i in range(n)
         ]
+
+
+def _tenant(extra_info: HiCacheStorageExtraInfo | None) -> Namespace:
+    """The namespace of a call's tenant: ``extra_info.extra_info["cache_salt"]``."""
+    params = extra_info.extra_info if extra_info is not None else None
+    return tenant_namespace(salt_of(params))
 
 
 def _encode(keys: Sequence[str]) -> list[bytes]:
