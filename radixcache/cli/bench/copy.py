@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from radixcache.cli.bench import run_note, with_note
 from radixcache.cli.options import non_negative_int, positive_int, power_of_two
 from radixcache.cli.parser import CliParser
 from radixcache.transfer.allocator import PageAllocator
@@ -60,6 +61,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA part even with a GPU")
     p.add_argument("--quick", action="store_true", help="8 pages, 3 repeats: a smoke run")
     args = p.parse_args(argv)
+    note = run_note(args.quick)  # before the run adds its own load
     if args.quick:
         args.pages, args.repeat = 8, 3
     args.device_pages = args.device_pages or 3 * args.pages
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if torch.cuda.is_available() and not args.no_cuda:
         result["cuda"] = _bench_cuda(spec, args, rng)
-    print(json.dumps(result))
+    print(json.dumps(with_note(result, note)))
     return 0
 
 
