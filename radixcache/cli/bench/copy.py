@@ -61,7 +61,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA part even with a GPU")
     p.add_argument("--quick", action="store_true", help="8 pages, 3 repeats: a smoke run")
     args = p.parse_args(argv)
-    note = run_note(args.quick)  # before the run adds its own load
     if args.quick:
         args.pages, args.repeat = 8, 3
     args.device_pages = args.device_pages or 3 * args.pages
@@ -211,6 +210,7 @@ def _bench_cuda(
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    note = run_note(args.quick)  # before the run adds its own load
     spec = KVSpec(
         num_layers=args.layers,
         num_kv_heads=args.kv_heads,
