@@ -50,6 +50,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,12 +69,34 @@ from radixcache.integrations.pagestore import (
     describe_path,
     is_pool_url,
 )
+from radixcache.config_file import decode
 from radixcache.integrations.tenants import salt_of, tenant_namespace
 from radixcache.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
-_REQUIRED = ("path", "kv_dtype")  # extra-config fields this backend cannot do without
+# Keys of the extra config that SGLang's ``dynamic`` factory reads itself.
+SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1"})
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """This backend's keys of ``--hicache-storage-backend-extra-config``,
+    decoded by type (``radixcache.config_file``: strict, unknown keys are
+    errors that name the key)."""
+
+    path: str  # an LMDB directory (a tp<rank> folder per rank under it) or a pool URL
+    kv_dtype: str  # the model's KV dtype: SGLang's storage config carries none
+    capacity_bytes: int = 64 << 30  # bound on stored bytes (least recently used evicted)
+    durability: str = "safe"  # "safe" or "fast" (see PageStoreConfig)
+    rank_subdir: bool = True  # LMDB: one folder per tensor-parallel rank
+
+    def __post_init__(self) -> None:
+        for name in ("path", "kv_dtype"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty string")
+        if self.capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {self.capacity_bytes}")
 
 
 class _Staging(threading.local):
@@ -91,21 +114,16 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None):
-        extra = dict(storage_config.extra_config or {})
-        missing = [name for name in _REQUIRED if not extra.get(name)]
-        if missing:
-            raise ValueError(
-                f"the radixcache HiCache backend needs {missing} in "
-                f"--hicache-storage-backend-extra-config (got keys {sorted(extra)})"
-            )
-        kv_dtype = str(extra["kv_dtype"])
+        extra = {k: v for k, v in (storage_config.extra_config or {}).items()
+                 if k not in SGLANG_KEYS}
+        options = decode(BackendOptions, extra, "--hicache-storage-backend-extra-config")
         self.config = storage_config
-        self.kv_dtype = kv_dtype
-        self.capacity_bytes = int(extra.get("capacity_bytes", 64 << 30))
-        self.durability = str(extra.get("durability", "safe"))
-        base = os.fspath(extra["path"])
-        rank_dir = bool(extra.get("rank_subdir", True))
-        if rank_dir and not is_pool_url(base):  # a pool keeps ranks apart by fingerprint
+        self.options = options
+        self.kv_dtype = options.kv_dtype
+        self.capacity_bytes = options.capacity_bytes
+        self.durability = options.durability
+        base = options.path
+        if options.rank_subdir and not is_pool_url(base):  # a pool keeps ranks apart by fingerprint
             base = os.path.join(base, f"tp{storage_config.tp_rank}")
         self.path = base
         self.store: PageStore | None = None  # opened by register_mem_pool_host

@@ -68,6 +68,7 @@ from radixcache.integrations.pagestore import (
     RawPages,
     describe_path,
 )
+from radixcache.config_file import decode
 from radixcache.integrations.tenants import salt_of, tenant_namespace
 from radixcache.namespace import Namespace
 
@@ -76,6 +77,22 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TierOptions:
+    """The keys of a tier entry this tier reads (besides vLLM's ``type``,
+    ``module_path`` and ``backpressure``), decoded by type from the entry's
+    JSON values (``radixcache.config_file``): ``"capacity_bytes": "1e9"`` or
+    ``"enable_kv_events": "yes"`` is refused with the key named."""
+
+    path: str
+    capacity_bytes: int = 64 << 30
+    durability: str = "safe"
+    num_readers: int = 2
+    model: str | None = None
+    enable_kv_events: bool = False
+    locality: str | None = None
 
 
 @dataclass(slots=True)
@@ -163,7 +180,12 @@ class RadixcacheTier(SecondaryTierManager):
         events (vLLM's ``Locality``); ``backpressure_detector``: built by
         vLLM's factory from the entry's ``backpressure``."""
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        self.locality = _locality(locality)
+        options = decode(TierOptions, {
+            "path": path, "capacity_bytes": capacity_bytes, "durability": durability,
+            "num_readers": num_readers, "model": model, "enable_kv_events": enable_kv_events,
+            "locality": locality,
+        }, f"secondary tier {tier_type!r}")  # the JSON's types, strictly
+        self.locality = _locality(options.locality)
         chunk_bytes = self.block_size_bytes
         # a view of vLLM's primary region; dropped at shutdown, so that vLLM can
         # release its memoryview and unmap the region afterwards
@@ -171,30 +193,30 @@ class RadixcacheTier(SecondaryTierManager):
         spec_model, layout, rank = describe_offloading_spec(offloading_spec)
         self.store = PageStore(
             PageStoreConfig(
-                path=path,
+                path=options.path,
                 page_bytes=chunk_bytes,
                 engine="vllm",
-                model=model or spec_model,
+                model=options.model or spec_model,
                 layout=f"{layout};chunk_bytes={chunk_bytes}",
                 tp_rank=rank,
-                capacity_bytes=capacity_bytes,
-                durability=durability,
-                num_readers=num_readers,
+                capacity_bytes=options.capacity_bytes,
+                durability=options.durability,
+                num_readers=options.num_readers,
             )
         )
         self._jobs: dict[JobId, _Job] = {}
         # as vLLM's own tiers: events only when asked for and the engine publishes
         engine_events = offloading_spec.kv_events_config.enable_kv_cache_events
-        if enable_kv_events and not engine_events:
+        if options.enable_kv_events and not engine_events:
             log.warning("enable_kv_events is set on tier %r but the engine publishes no KV "
                         "cache events; the tier records none", tier_type)
-        record = enable_kv_events and engine_events
+        record = options.enable_kv_events and engine_events
         self._events: list[OffloadingEvent] | None = [] if record else None
         if self._events is not None:
             survivors = self.store.stored_keys()
             if survivors:
                 self._events.append(self._event(survivors, removed=False))
-        log.info("radixcache tier %r opened at %s", tier_type, describe_path(path))
+        log.info("radixcache tier %r opened at %s", tier_type, describe_path(options.path))
 
     # -- lookups --------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:

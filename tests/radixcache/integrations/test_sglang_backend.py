@@ -299,3 +299,14 @@ def test_host_pool_meta_is_what_the_backend_gathers(tmp_path: Path) -> None:
         assert bytes(staging.numpy()) == page_bytes(host, 3 * PAGE)
     finally:
         store.close()
+
+
+def test_the_extra_config_is_decoded_by_type_and_unknown_keys_are_named(tmp_path: Path) -> None:
+    host = mha_pools("page_first")[1]
+    with pytest.raises(ValueError, match=r"--hicache-storage-backend-extra-config: Object "
+                                         r"contains unknown field `capacity_gib`"):
+        RadixcacheHiCacheStorage(storage_config(tmp_path, host, capacity_gib=1), {})
+    with pytest.raises(ValueError, match=r"Expected `int`, got `str` - at `\$.capacity_bytes`"):
+        RadixcacheHiCacheStorage(storage_config(tmp_path, host, capacity_bytes="100GB"), {})
+    with pytest.raises(ValueError, match="capacity_bytes must be positive, got 0"):
+        RadixcacheHiCacheStorage(storage_config(tmp_path, host, capacity_bytes=0), {})

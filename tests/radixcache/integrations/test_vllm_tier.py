@@ -300,3 +300,13 @@ def test_worker_side_maps_the_bytes_the_tier_moves_and_its_copies_need_a_gpu(
             del worker_view
         finally:
             region.cleanup()
+
+
+def test_a_tier_entry_is_decoded_by_type_and_unknown_keys_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"secondary tier 'RadixcacheTier': Expected `int`, "
+                                         r"got `str` - at `\$.capacity_bytes`"):
+        with stack(offloading_config([tier_entry(tmp_path / "s", capacity_bytes="1e9")])):
+            pass
+    with pytest.raises(TypeError, match="unexpected keyword argument 'capacity_gib'"):
+        with stack(offloading_config([tier_entry(tmp_path / "s", capacity_gib=1)])):
+            pass
