@@ -44,6 +44,14 @@ DEFAULT_MODEL = "llama-3-8b"
 
 
 @dataclass(frozen=True, slots=True)
+class Sweep:
+    """A sweep: the tier whose capacity varies, and its capacities."""
+
+    tier: str  # whose capacity varies: device, host or storage
+    values: tuple[int, ...]  # its capacities in pages, in the order given
+
+
+@dataclass(frozen=True, slots=True)
 class Planning:
     """The context of a sweep's figures (module docstring)."""
 

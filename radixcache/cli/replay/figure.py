@@ -13,13 +13,10 @@ matplotlib is imported only here, to draw (``pip install 'radixcache[plot]'``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from radixcache.cli.replay.capacity import Planning
+from radixcache.cli.replay.capacity import Planning, Sweep
 from radixcache.cli.replay.run import ReplayResult
-
-if TYPE_CHECKING:
-    from radixcache.cli.replay.plot import Sweep
 
 PLOT_HINT = "the sweep plot needs matplotlib: pip install 'radixcache[plot]' (or pass --no-plot)"
 

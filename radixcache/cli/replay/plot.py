@@ -21,7 +21,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from rich.console import Console
 from rich.progress import (
@@ -35,7 +35,7 @@ from rich.progress import (
 
 from radixcache.cli.parser import UsageError, describe
 from radixcache.cli.hicache_options import GB
-from radixcache.cli.replay.capacity import DEFAULT_MODEL, MODEL_PRESETS, Planning, ceiling
+from radixcache.cli.replay.capacity import DEFAULT_MODEL, MODEL_PRESETS, Planning, Sweep, ceiling
 from radixcache.cli.replay.figure import plot_sweep, require_matplotlib
 from radixcache.cli.replay.run import ReplayConfig, ReplayResult, replay
 from radixcache.cli.replay.trace import TraceRequest, load_trace
@@ -96,12 +96,6 @@ def write_json(path: str, payload: object) -> None:
 
 
 # ---------------------------------------------------------------------- sweeps
-@dataclass(frozen=True, slots=True)
-class Sweep:
-    tier: str  # whose capacity varies: device, host or storage
-    values: tuple[int, ...]  # its capacities in pages, in the order given
-
-
 def parse_sweep(text: str) -> Sweep:
     """``[TIER=]N,N,...`` (TIER defaults to device); ValueError if malformed."""
     tier, sep, rest = text.partition("=")
