@@ -306,13 +306,13 @@ class PageStore:
         key's store before its removal.
         """
         with self._lock:
-            return [engine_key(k) for k in self._storage.take_removed()]
+            return _engine_keys(self._storage.take_removed())
 
     def stored_keys(self) -> list[bytes]:
         """Every engine key stored for this fingerprint, of every tenant (a
         snapshot of record headers)."""
         with self._lock:
-            return [engine_key(meta.key) for meta in self._storage.scan() if meta.raw]
+            return _engine_keys([meta.key for meta in self._storage.scan() if meta.raw])
 
     def stats(self) -> StorageStats:
         return self._storage.stats()
@@ -356,6 +356,18 @@ def is_pool_url(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names a shared pool (a Valkey URL) rather than a directory."""
     scheme, sep, _rest = os.fspath(path).partition("://")
     return bool(sep) and scheme in POOL_SCHEMES
+
+
+def _engine_keys(stored: Sequence[bytes]) -> list[bytes]:
+    """The engine keys of stored keys; a key without a tenant form byte (not
+    written by a PageStore of this format) names no engine key and is left out."""
+    out = []
+    for key in stored:
+        try:
+            out.append(engine_key(key))
+        except ValueError:
+            continue
+    return out
 
 
 def _keys(keys: Sequence[bytes], namespace: Namespace) -> list[bytes]:
