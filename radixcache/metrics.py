@@ -19,6 +19,18 @@ histograms of tier jobs: ``load_back_seconds`` (host to device),
 ``storage_read_seconds``, ``storage_write_seconds``, ``backup_seconds``
 (device to host), each from a job's submission until the owner applied it.
 
+A hit-rate gauge per tier, as SGLang's ``sglang:cache_hit_rate``:
+``cache_hit_rate{tier=device|host|storage|all}``, prompt tokens found in the
+tier over prompt tokens looked up, since the cache was built (a window's
+rate is ``rate(cached_tokens)`` over ``rate(prefix_cache_queries)``). Bytes
+and seconds moved per direction under vLLM's ``kv_offload`` names (counters,
+seconds summed over the jobs from submission until applied):
+``kv_offload_store_bytes`` / ``kv_offload_store_time`` (device to host, vLLM's
+GPU -> CPU store), ``kv_offload_load_bytes`` / ``kv_offload_load_time`` (host
+to device), and ``kv_offload_tiering_write_bytes`` / ``_write_time`` /
+``_read_bytes`` / ``_read_time`` with ``tier="storage"`` (host to storage and
+back, vLLM's primary-to-secondary tier names).
+
 For those who do not run Prometheus, ``snapshot()`` returns the same figures
 as a flat dict (a histogram as its ``_count`` and ``_sum``).
 """
@@ -56,6 +68,18 @@ class Histogram:
 
 
 Sample = tuple[str, str, str, dict[str, str], float | Histogram]  # name, kind, help, labels, value
+
+# vLLM's kv_offload series per direction: (bytes name, seconds name, labels, help).
+KV_OFFLOAD = {
+    "device_to_host": ("kv_offload_store_bytes", "kv_offload_store_time", {},
+                       "stored from the device to host memory (vLLM: GPU to CPU)"),
+    "host_to_device": ("kv_offload_load_bytes", "kv_offload_load_time", {},
+                       "loaded from host memory to the device (vLLM: CPU to GPU)"),
+    "host_to_storage": ("kv_offload_tiering_write_bytes", "kv_offload_tiering_write_time",
+                        {"tier": "storage"}, "written from host memory to storage"),
+    "storage_to_host": ("kv_offload_tiering_read_bytes", "kv_offload_tiering_read_time",
+                        {"tier": "storage"}, "read from storage into host memory"),
+}
 
 # Histogram series per tier-job direction (TierStats.job_latency keys).
 JOB_SECONDS = {
@@ -157,8 +181,19 @@ def token_series(cache: RadixCache) -> list[Sample]:
         ("cached_tokens", "counter", cached, {"cache_source": "storage"}, storage_hits),
         ("evicted_tokens", "counter", evicted, {"tier": "device"}, s.evicted_pages * page),
     ]
+    rate = "Prompt tokens found cached over prompt tokens looked up, per tier, since start"
+    queried = max(s.prompt_tokens, 1)
+    for tier, hits in (("device", s.hit_tokens), ("host", host_hits), ("storage", storage_hits),
+                       ("all", s.hit_tokens + host_hits + storage_hits)):
+        out.append(("cache_hit_rate", "gauge", rate, {"tier": tier}, hits / queried))
     if t is None:
         return out
+    for direction, (bytes_name, time_name, labels, what) in KV_OFFLOAD.items():
+        h = t.job_latency.get(direction)
+        out.append((bytes_name, "counter", f"Bytes {what}", labels,
+                    t.bytes_moved.get(direction, 0)))
+        out.append((time_name, "counter", f"Seconds of the jobs that {what.split(' ', 1)[0]} "
+                    "them, submission to applied", labels, h.total_s if h is not None else 0.0))
     out += [
         ("evicted_tokens", "counter", evicted, {"tier": "host"}, t.host_evicted_pages * page),
         ("loaded_back_tokens", "counter", "Host or storage hits loaded back onto the device "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from radixcache.cli.parser import CliParser, run_guarded
+from radixcache.cli.parser import CliParser, interrupt_exits, run_guarded
 
 # Modules with a ``register(subparsers)`` that adds one subcommand, in the
 # order ``radixcache -h`` lists them.
@@ -37,14 +37,15 @@ def build_parser() -> CliParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the exit status (2: a user mistake)."""
-    parser = build_parser()
-    try:
-        args, unknown = parser.parse_known_args(argv)
-        if unknown:
-            args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    except SystemExit as done:  # -h, or a usage error already reported on one line
-        return done.code if isinstance(done.code, int) else 2
+    """Run one command; returns the exit status (2: a user mistake, 130: Ctrl-C)."""
+    with interrupt_exits("radixcache"):  # start-up: the commands' imports take seconds
+        parser = build_parser()
+        try:
+            args, unknown = parser.parse_known_args(argv)
+            if unknown:
+                args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        except SystemExit as done:  # -h, or a usage error already reported on one line
+            return done.code if isinstance(done.code, int) else 2
     return run_guarded(f"radixcache {args.command}", lambda: int(args.func(args)))
 
 

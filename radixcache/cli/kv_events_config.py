@@ -14,64 +14,56 @@
 
 A key left out keeps our default, which binds loopback only; vLLM's default
 endpoint ``tcp://*:5557`` binds every interface, so pass it explicitly to get
-that. Our publisher always binds its endpoints. An unknown key or a value of
-the wrong type raises ValueError naming it.
+that. Our publisher always binds its endpoints. The JSON is decoded by type
+(``KVEventsDocument``, strict, unknown keys forbidden): an unknown key or a
+value of the wrong type raises ValueError naming it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from radixcache.events import PublisherConfig
 
-# vLLM key -> PublisherConfig field (None: handled here, not a field)
-KEYS: dict[str, str | None] = {
-    "enable_kv_cache_events": None,
-    "publisher": None,
-    "endpoint": "endpoint",
-    "replay_endpoint": "replay_endpoint",
-    "buffer_steps": "replay_buffer_size",
-    "hwm": "send_hwm",
-    "max_queue_size": "queue_size",
-    "topic": "topic",
-}
-PUBLISHERS = ("zmq", "null")
+
+Unset = msgspec.UnsetType
+UNSET = msgspec.UNSET
 
 
-def _check_type(key: str, value: Any) -> None:
-    if key == "enable_kv_cache_events":
-        ok = isinstance(value, bool)
-        want = "true or false"
-    elif key in ("buffer_steps", "hwm", "max_queue_size"):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        want = "an integer"
-    elif key == "replay_endpoint":
-        ok = value is None or isinstance(value, str)
-        want = "a string or null"
-    else:
-        ok = isinstance(value, str)
-        want = "a string"
-    if not ok:
-        raise ValueError(f"kv-events-config: {key} must be {want}, got {value!r}")
+class KVEventsDocument(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The keys of vLLM's ``KVEventsConfig`` we take, with their types; UNSET:
+    left out (our default applies)."""
+
+    enable_kv_cache_events: bool = False
+    publisher: Literal["zmq", "null"] | Unset = UNSET  # left out: "zmq" when enabled
+    endpoint: str | Unset = UNSET
+    replay_endpoint: str | None | Unset = UNSET  # null: no replay
+    buffer_steps: int | Unset = UNSET
+    hwm: int | Unset = UNSET
+    max_queue_size: int | Unset = UNSET
+    topic: str | Unset = UNSET
+
+
+# vLLM key -> PublisherConfig field
+FIELDS = {"endpoint": "endpoint", "replay_endpoint": "replay_endpoint",
+          "buffer_steps": "replay_buffer_size", "hwm": "send_hwm",
+          "max_queue_size": "queue_size", "topic": "topic"}
 
 
 def publisher_config(values: Mapping[str, Any], base: PublisherConfig) -> PublisherConfig | None:
     """The publisher ``values`` (vLLM ``KVEventsConfig`` keys) ask for, starting
     from ``base``; None when they leave events off. Raises ValueError for an
     unknown key, a wrong type or a value PublisherConfig rejects."""
-    unknown = sorted(set(values) - set(KEYS))
-    if unknown:
-        raise ValueError(f"kv-events-config: unknown key(s) {', '.join(unknown)}; "
-                         f"known: {', '.join(KEYS)}")
-    for key, value in values.items():
-        _check_type(key, value)
-    enabled = bool(values.get("enable_kv_cache_events", False))
-    kind = values.get("publisher") or ("zmq" if enabled else "null")
-    if kind not in PUBLISHERS:
-        raise ValueError(f"kv-events-config: publisher must be one of {', '.join(PUBLISHERS)}, "
-                         f"got {kind!r}")
-    fields = {f: v for k, v in values.items() if (f := KEYS[k]) is not None}
+    try:
+        doc = msgspec.convert(dict(values), KVEventsDocument, strict=True)
+    except msgspec.ValidationError as err:
+        raise ValueError(f"kv-events-config: {err}") from None
+    fields = {f: v for key, f in FIELDS.items() if (v := getattr(doc, key)) is not UNSET}
     config = replace(base, **fields)  # PublisherConfig checks the values
-    return config if enabled and kind == "zmq" else None
+    kind = doc.publisher if doc.publisher is not UNSET else (
+        "zmq" if doc.enable_kv_cache_events else "null")
+    return config if doc.enable_kv_cache_events and kind == "zmq" else None

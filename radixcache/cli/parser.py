@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
@@ -31,6 +33,12 @@ class UsageError(Exception):
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Descriptions kept as written; every option's help ends with its default."""
+
+
+def plain_text(text: str) -> str:
+    """Help text as a terminal shows it: docstrings' reST literals
+    (````--storage URL````) lose their backquotes."""
+    return text.replace("``", "").replace("::\n", ":\n")
 
 
 def describe(err: BaseException) -> str:
@@ -53,6 +61,9 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         _one_line_error(self, message)
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
 
 
 @contextmanager
@@ -79,6 +90,35 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
+INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT), as shells report it
+
+
+@contextmanager
+def interrupt_exits(prog: str) -> Iterator[None]:
+    """While the block runs (start-up: imports, parsing), Ctrl-C prints one
+    line and ends the process with status 130 at once.
+
+    A KeyboardInterrupt raised inside an import can leave a half-imported
+    module behind (numpy, torch), and what fails next is some unrelated
+    error with a long traceback; nothing needs cleaning up before the
+    command starts, so the process just ends. Outside the main thread (a
+    caller running ``main`` in a thread) signals cannot be handled: no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signum: int, frame: object) -> None:
+        os.write(2, f"{prog}: interrupted\n".encode())
+        os._exit(INTERRUPTED)
+
+    previous = signal.signal(signal.SIGINT, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_guarded(prog: str, command: Callable[[], int]) -> int:
     """Run ``command``; a UsageError becomes one line on stderr and status 2,
     a closed stdout pipe a quiet status 0, Ctrl-C one line and status 130."""
@@ -92,4 +132,4 @@ def run_guarded(prog: str, command: Callable[[], int]) -> int:
         return 0
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED

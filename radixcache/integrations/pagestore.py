@@ -19,6 +19,12 @@ Pages move between the store and a caller-owned buffer of fixed-size chunks
 Both return a ``PageTicket`` at once; the bytes move on the backend's threads.
 The caller must leave the named chunks alone until the ticket is done.
 
+Tenants: every call takes the ``Namespace`` of the tenant whose pages it
+moves (``radixcache.integrations.tenants``; the default namespace when left
+out). A key is stored bound to its tenant, so a lookup or a read under
+another tenant never finds it, and records carry the tenant's namespace tag
+(``forget`` removes one tenant's pages).
+
 Threads: every method may be called from any thread. Submissions to the
 backend are serialized by one lock (the backend's contract is one caller at a
 time); waiting on a ticket happens outside it.
@@ -37,6 +43,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from radixcache.integrations.tenants import TENANT_KEY_OVERHEAD, engine_key, stored_key
+from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
 from radixcache.offload import (
     MAX_KEY_BYTES,
     LmdbStorage,
@@ -53,6 +61,10 @@ from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import Ticket
 
 BACKENDS = ("lmdb", "valkey")  # storage backends a PageStore can open
+MAX_ENGINE_KEY_BYTES = MAX_KEY_BYTES - TENANT_KEY_OVERHEAD  # longest engine key a store takes
+# Version of the stored-key format (tenants.py), bound into the fingerprint:
+# records written before keys carried their tenant are never read as hits.
+KEY_FORMAT = "tenant-keys-1"
 
 Slots = Sequence[int] | npt.NDArray[np.integer[Any]]  # chunk index per key
 
@@ -188,7 +200,7 @@ class PageStoreConfig:
 
     def fingerprint(self) -> ModelFingerprint:
         spec = raw_spec(self.page_bytes)
-        model_id = f"{self.engine}:{self.model}:{self.layout}"
+        model_id = f"{self.engine}:{self.model}:{self.layout};{KEY_FORMAT}"
         return ModelFingerprint(model_id=model_id, spec=spec.describe(), tp_rank=self.tp_rank)
 
 
@@ -231,29 +243,38 @@ class PageStore:
         )
 
     # -- lookups (synchronous, from the in-memory index) ------------------------
-    def leading(self, keys: Sequence[bytes]) -> int:
-        """How many leading ``keys`` are stored (no bytes read or verified)."""
-        checked = _keys(keys)
+    def leading(self, keys: Sequence[bytes], namespace: Namespace = DEFAULT_NAMESPACE) -> int:
+        """How many leading ``keys`` of ``namespace`` are stored (no bytes read
+        or verified)."""
+        checked = _keys(keys, namespace)
         with self._lock:
             return self._storage.longest_prefix(checked)
 
-    def contains(self, key: bytes) -> bool:
-        return self.leading([key]) == 1
+    def contains(self, key: bytes, namespace: Namespace = DEFAULT_NAMESPACE) -> bool:
+        return self.leading([key], namespace) == 1
 
     # -- page traffic (non-blocking) ---------------------------------------------
-    def put(self, keys: Sequence[bytes], pages: RawPages, slots: Slots) -> PageTicket:
-        """Store chunk ``slots[i]`` of ``pages`` as the page of ``keys[i]``.
+    def put(
+        self, keys: Sequence[bytes], pages: RawPages, slots: Slots,
+        namespace: Namespace = DEFAULT_NAMESPACE,
+    ) -> PageTicket:
+        """Store chunk ``slots[i]`` of ``pages`` as the page of ``keys[i]`` of
+        the tenant ``namespace``.
 
         A key already stored is kept (not rewritten) and counts as stored.
         The chunks are read later on the backend's writer thread.
         """
-        checked, ids = _keys(keys), self._slots(slots, len(keys), pages)
+        checked, ids = _keys(keys, namespace), self._slots(slots, len(keys), pages)
         with self._lock:
-            ticket = self._storage.put(checked, None, pages, ids, self._namespace)
+            ticket = self._storage.put(checked, None, pages, ids, self._tag(namespace))
         return PageTicket(ticket, len(checked))
 
-    def get(self, keys: Sequence[bytes], pages: RawPages, slots: Slots) -> PageTicket:
-        """Read the page of ``keys[i]`` into chunk ``slots[i]`` of ``pages``.
+    def get(
+        self, keys: Sequence[bytes], pages: RawPages, slots: Slots,
+        namespace: Namespace = DEFAULT_NAMESPACE,
+    ) -> PageTicket:
+        """Read the page of ``keys[i]`` of the tenant ``namespace`` into chunk
+        ``slots[i]`` of ``pages``.
 
         Reading stops at the first key that is missing or fails verification
         (that record is deleted; its key shows up in ``take_removed``). Chunks
@@ -261,37 +282,44 @@ class PageStore:
         """
         if not pages.as_bytes().flags.writeable:
             raise ValueError("get() needs a writable page buffer; this one is read-only")
-        checked, ids = _keys(keys), self._slots(slots, len(keys), pages)
+        checked, ids = _keys(keys, namespace), self._slots(slots, len(keys), pages)
         with self._lock:
-            ticket = self._storage.get(checked, None, pages, ids, self._namespace)
+            ticket = self._storage.get(checked, None, pages, ids, self._tag(namespace))
         return PageTicket(ticket, len(checked))
 
-    def delete(self, keys: Sequence[bytes]) -> Ticket:
-        """Remove the pages of ``keys``; the ticket's result: how many existed."""
-        checked = _keys(keys)
+    def delete(self, keys: Sequence[bytes], namespace: Namespace = DEFAULT_NAMESPACE) -> Ticket:
+        """Remove the pages of ``keys`` of ``namespace``; the ticket's result: how many existed."""
+        checked = _keys(keys, namespace)
         with self._lock:
             return self._storage.delete(checked)
 
-    def clear(self) -> Ticket:
-        """Remove every page this store's engine namespace holds."""
+    def forget(self, namespace: Namespace) -> Ticket:
+        """Remove every page of the tenant ``namespace``; result: how many."""
         with self._lock:
-            return self._storage.forget_namespace(self._namespace)
+            return self._storage.forget_namespace(self._tag(namespace))
+
+    def clear(self) -> Ticket:
+        """Remove every page this store's engine holds, of every tenant."""
+        with self._lock:
+            return self._storage.delete([meta.key for meta in self._storage.scan() if meta.raw])
 
     # -- what changed, what is there ----------------------------------------------
     def take_removed(self) -> list[bytes]:
-        """Keys removed (evicted, corrupt, deleted) since the last call, in order.
+        """Engine keys removed (evicted, corrupt, deleted) since the last call,
+        in order, of every tenant.
 
         A key appears only after the put that stored it finished: a caller that
         takes removals first and then harvests its finished puts sees every
         key's store before its removal.
         """
         with self._lock:
-            return self._storage.take_removed()
+            return _engine_keys(self._storage.take_removed())
 
     def stored_keys(self) -> list[bytes]:
-        """Every key stored for this fingerprint (a snapshot of record headers)."""
+        """Every engine key stored for this fingerprint, of every tenant (a
+        snapshot of record headers)."""
         with self._lock:
-            return [meta.key for meta in self._storage.scan() if meta.raw]
+            return _engine_keys([meta.key for meta in self._storage.scan() if meta.raw])
 
     def stats(self) -> StorageStats:
         return self._storage.stats()
@@ -300,6 +328,13 @@ class PageStore:
         """Finish every queued write and ticket, then release the store. Idempotent."""
         with self._lock:
             self._storage.close()
+
+    def _tag(self, namespace: Namespace) -> bytes:
+        """The namespace tag of a tenant's records (the default one's is the
+        engine's tag, as before tenants)."""
+        if namespace == DEFAULT_NAMESPACE:
+            return self._namespace
+        return self._namespace + b"tenant:" + namespace.digest()
 
     def _slots(self, slots: Slots, n: int, pages: RawPages) -> npt.NDArray[np.int32]:
         if not isinstance(pages, RawPages):
@@ -330,13 +365,30 @@ def is_pool_url(path: str | os.PathLike[str]) -> bool:
     return bool(sep) and scheme in POOL_SCHEMES
 
 
-def _keys(keys: Sequence[bytes]) -> list[bytes]:
+def _engine_keys(stored: Sequence[bytes]) -> list[bytes]:
+    """The engine keys of stored keys; a key without a tenant form byte (not
+    written by a PageStore of this format) names no engine key and is left out."""
+    out = []
+    for key in stored:
+        try:
+            out.append(engine_key(key))
+        except ValueError:
+            continue
+    return out
+
+
+def _keys(keys: Sequence[bytes], namespace: Namespace) -> list[bytes]:
+    """The stored keys of engine ``keys`` of the tenant ``namespace``."""
+    if not isinstance(namespace, Namespace):
+        raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
     out = []
     for i, key in enumerate(keys):
         if not isinstance(key, (bytes, bytearray, memoryview)):
             raise TypeError(f"key {i} must be bytes, got {type(key).__name__}")
         key = bytes(key)
-        if not 0 < len(key) <= MAX_KEY_BYTES:
-            raise ValueError(f"key {i} has {len(key)} bytes; keys are 1 to {MAX_KEY_BYTES} bytes")
-        out.append(key)
+        if not 0 < len(key) <= MAX_ENGINE_KEY_BYTES:
+            raise ValueError(
+                f"key {i} has {len(key)} bytes; keys are 1 to {MAX_ENGINE_KEY_BYTES} bytes"
+            )
+        out.append(stored_key(namespace, key))
     return out

@@ -34,6 +34,12 @@ the tensor-parallel rank, so ranks never read each other's heads and pages of
 another dtype are never hits. With LMDB each rank opens its own directory
 under ``path`` (``tp{rank}``), as one store belongs to one process.
 
+Tenants: a call's tenant is ``extra_info.extra_info["cache_salt"]``
+(``radixcache.integrations.tenants``); its pages are stored, found and read
+under that tenant's namespace only. SGLang 0.5.23 folds a request's salt into
+its page hashes but hands backends no salt (its controller passes only
+``prefix_keys``), so pages it writes by itself land in the default namespace.
+
 This module imports SGLang; ``import radixcache`` never imports it.
 """
 
@@ -44,6 +50,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,10 +69,34 @@ from radixcache.integrations.pagestore import (
     describe_path,
     is_pool_url,
 )
+from radixcache.config_file import decode
+from radixcache.integrations.tenants import salt_of, tenant_namespace
+from radixcache.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
-_REQUIRED = ("path", "kv_dtype")  # extra-config fields this backend cannot do without
+# Keys of the extra config that SGLang's ``dynamic`` factory reads itself.
+SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1"})
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """This backend's keys of ``--hicache-storage-backend-extra-config``,
+    decoded by type (``radixcache.config_file``: strict, unknown keys are
+    errors that name the key)."""
+
+    path: str  # an LMDB directory (a tp<rank> folder per rank under it) or a pool URL
+    kv_dtype: str  # the model's KV dtype: SGLang's storage config carries none
+    capacity_bytes: int = 64 << 30  # bound on stored bytes (least recently used evicted)
+    durability: str = "safe"  # "safe" or "fast" (see PageStoreConfig)
+    rank_subdir: bool = True  # LMDB: one folder per tensor-parallel rank
+
+    def __post_init__(self) -> None:
+        for name in ("path", "kv_dtype"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty string")
+        if self.capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {self.capacity_bytes}")
 
 
 class _Staging(threading.local):
@@ -83,21 +114,16 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None):
-        extra = dict(storage_config.extra_config or {})
-        missing = [name for name in _REQUIRED if not extra.get(name)]
-        if missing:
-            raise ValueError(
-                f"the radixcache HiCache backend needs {missing} in "
-                f"--hicache-storage-backend-extra-config (got keys {sorted(extra)})"
-            )
-        kv_dtype = str(extra["kv_dtype"])
+        extra = {k: v for k, v in (storage_config.extra_config or {}).items()
+                 if k not in SGLANG_KEYS}
+        options = decode(BackendOptions, extra, "--hicache-storage-backend-extra-config")
         self.config = storage_config
-        self.kv_dtype = kv_dtype
-        self.capacity_bytes = int(extra.get("capacity_bytes", 64 << 30))
-        self.durability = str(extra.get("durability", "safe"))
-        base = os.fspath(extra["path"])
-        rank_dir = bool(extra.get("rank_subdir", True))
-        if rank_dir and not is_pool_url(base):  # a pool keeps ranks apart by fingerprint
+        self.options = options
+        self.kv_dtype = options.kv_dtype
+        self.capacity_bytes = options.capacity_bytes
+        self.durability = options.durability
+        base = options.path
+        if options.rank_subdir and not is_pool_url(base):  # a pool keeps ranks apart by fingerprint
             base = os.path.join(base, f"tp{storage_config.tp_rank}")
         self.path = base
         self.store: PageStore | None = None  # opened by register_mem_pool_host
@@ -151,7 +177,7 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
-        return self._open().leading(_encode(keys))
+        return self._open().leading(_encode(keys), _tenant(extra_info))
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -165,12 +191,13 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
         store = self._open()
         if not keys:
             return []
+        namespace = _tenant(extra_info)
         pieces = self._pieces(keys, host_indices)
         staging = self._stage(len(keys), store.page_bytes)
         rows = staging.as_bytes()
         for i, page in enumerate(pieces):
             _gather(page, rows[i])
-        ticket = store.put(_encode(keys), staging, range(len(keys)))
+        ticket = store.put(_encode(keys), staging, range(len(keys)), namespace)
         ticket.wait()
         return ticket.results()
 
@@ -183,9 +210,10 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
         store = self._open()
         if not keys:
             return []
+        namespace = _tenant(extra_info)
         pieces = self._pieces(keys, host_indices)
         staging = self._stage(len(keys), store.page_bytes)
-        ticket = store.get(_encode(keys), staging, range(len(keys)))
+        ticket = store.get(_encode(keys), staging, range(len(keys)), namespace)
         ticket.wait()
         results = ticket.results()
         rows = staging.as_bytes()
@@ -278,6 +306,12 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
         return [
             [(int(ptrs[i * k + j]), self.piece_bytes[j]) for j in range(k)] for i in range(n)
         ]
+
+
+def _tenant(extra_info: HiCacheStorageExtraInfo | None) -> Namespace:
+    """The namespace of a call's tenant: ``extra_info.extra_info["cache_salt"]``."""
+    params = extra_info.extra_info if extra_info is not None else None
+    return tenant_namespace(salt_of(params))
 
 
 def _encode(keys: Sequence[str]) -> list[bytes]:

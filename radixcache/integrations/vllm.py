@@ -5,7 +5,19 @@ Switched on through the connector's extra config (see the README)::
     "secondary_tiers": [{"type": "RadixcacheTier",
                          "module_path": "radixcache.integrations.vllm",
                          "path": "/var/cache/radixcache-vllm",
-                         "capacity_bytes": 107374182400}]
+                         "capacity_bytes": 107374182400,
+                         "locality": "LOCAL", "enable_kv_events": true}]
+
+Every key vLLM documents for a tier entry is taken, with vLLM's defaults:
+``type`` and ``module_path`` (read by vLLM's factory), ``backpressure``
+(vLLM builds the detector and hands it over), ``locality`` (``LOCAL`` or
+``REMOTE``; unset by default, and then left out of events) and
+``enable_kv_events`` (off by default; events only when the engine publishes
+KV cache events too, as for vLLM's own ``fs`` and ``obj`` tiers).
+
+Tenants: a request's tenant is ``kv_transfer_params["cache_salt"]``
+(``radixcache.integrations.tenants``): its pages are stored, looked up and
+loaded under that tenant's namespace only.
 
 vLLM builds the tier in its scheduler process with a memoryview of the CPU
 primary tier, ``num_chunks`` rows of one chunk each; chunk ``c`` is row ``c``.
@@ -39,6 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.v1.kv_offload.base import (
+    Locality,
     LookupResult,
     Medium,
     OffloadingEvent,
@@ -55,6 +68,9 @@ from radixcache.integrations.pagestore import (
     RawPages,
     describe_path,
 )
+from radixcache.config_file import decode
+from radixcache.integrations.tenants import salt_of, tenant_namespace
+from radixcache.namespace import Namespace
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -63,12 +79,29 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class TierOptions:
+    """The keys of a tier entry this tier reads (besides vLLM's ``type``,
+    ``module_path`` and ``backpressure``), decoded by type from the entry's
+    JSON values (``radixcache.config_file``): ``"capacity_bytes": "1e9"`` or
+    ``"enable_kv_events": "yes"`` is refused with the key named."""
+
+    path: str
+    capacity_bytes: int = 64 << 30
+    durability: str = "safe"
+    num_readers: int = 2
+    model: str | None = None
+    enable_kv_events: bool = False
+    locality: str | None = None
+
+
 @dataclass(slots=True)
 class _Job:
     """One submitted store or load, until it is harvested."""
 
     keys: list[OffloadKey]  # the job's keys, in order
     ticket: PageTicket  # the store's handle; leading keys served
+    namespace: Namespace  # the tenant whose pages move
     is_load: bool  # True: storage -> primary chunks (promotion)
     submitted: float  # time.monotonic() at submission
 
@@ -133,60 +166,73 @@ class RadixcacheTier(SecondaryTierManager):
         durability: str = "safe",
         num_readers: int = 2,
         model: str | None = None,
-        enable_kv_events: bool = True,
+        enable_kv_events: bool = False,
+        locality: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
     ) -> None:
-        """``path``: the store directory; ``capacity_bytes``: its bound (least
-        recently used pages are evicted, and reported removed); ``model``:
-        overrides the model name read from ``offloading_spec``;
-        ``enable_kv_events``: record store/remove events for ``take_events`` (only
-        while the engine has KV cache events on)."""
+        """``path``: the store directory or a pool URL; ``capacity_bytes``:
+        its bound (least recently used pages are evicted, and reported
+        removed); ``durability``, ``num_readers``: as ``PageStoreConfig``;
+        ``model``: overrides the model name read from ``offloading_spec``;
+        ``enable_kv_events``: record store/remove events for ``take_events``
+        (only while the engine publishes KV cache events, as vLLM's own
+        tiers); ``locality``: ``"LOCAL"`` or ``"REMOTE"``, carried by the
+        events (vLLM's ``Locality``); ``backpressure_detector``: built by
+        vLLM's factory from the entry's ``backpressure``."""
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        options = decode(TierOptions, {
+            "path": path, "capacity_bytes": capacity_bytes, "durability": durability,
+            "num_readers": num_readers, "model": model, "enable_kv_events": enable_kv_events,
+            "locality": locality,
+        }, f"secondary tier {tier_type!r}")  # the JSON's types, strictly
+        self.locality = _locality(options.locality)
         chunk_bytes = self.block_size_bytes
-        self._pages = RawPages(primary_kv_view, chunk_bytes)
+        # a view of vLLM's primary region; dropped at shutdown, so that vLLM can
+        # release its memoryview and unmap the region afterwards
+        self._pages: RawPages | None = RawPages(primary_kv_view, chunk_bytes)
         spec_model, layout, rank = describe_offloading_spec(offloading_spec)
         self.store = PageStore(
             PageStoreConfig(
-                path=path,
+                path=options.path,
                 page_bytes=chunk_bytes,
                 engine="vllm",
-                model=model or spec_model,
+                model=options.model or spec_model,
                 layout=f"{layout};chunk_bytes={chunk_bytes}",
                 tp_rank=rank,
-                capacity_bytes=capacity_bytes,
-                durability=durability,
-                num_readers=num_readers,
+                capacity_bytes=options.capacity_bytes,
+                durability=options.durability,
+                num_readers=options.num_readers,
             )
         )
         self._jobs: dict[JobId, _Job] = {}
-        # as vLLM's own tiers: no events unless the engine publishes KV events
-        engine_events = getattr(getattr(offloading_spec, "config", None),
-                                "enable_kv_cache_events", True)
-        record = enable_kv_events and engine_events is not False
+        # as vLLM's own tiers: events only when asked for and the engine publishes
+        engine_events = offloading_spec.kv_events_config.enable_kv_cache_events
+        if options.enable_kv_events and not engine_events:
+            log.warning("enable_kv_events is set on tier %r but the engine publishes no KV "
+                        "cache events; the tier records none", tier_type)
+        record = options.enable_kv_events and engine_events
         self._events: list[OffloadingEvent] | None = [] if record else None
         if self._events is not None:
             survivors = self.store.stored_keys()
             if survivors:
                 self._events.append(self._event(survivors, removed=False))
-        log.info("radixcache tier %r opened at %s", tier_type, describe_path(path))
+        log.info("radixcache tier %r opened at %s", tier_type, describe_path(options.path))
 
     # -- lookups --------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return LookupResult.HIT if self.store.contains(key) else LookupResult.MISS
+        hit = self.store.contains(key, _tenant(req_context))
+        return LookupResult.HIT if hit else LookupResult.MISS
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        _tenant(req_context)  # parsed once; a bad salt is refused here
         return RequestOffloadingContext()
 
     # -- jobs -----------------------------------------------------------------
     def submit_store(self, job_metadata: TransferJob) -> None:
-        keys = list(job_metadata.keys)
-        ticket = self.store.put(keys, self._pages, job_metadata.chunk_ids)
-        self._add(job_metadata.job_id, _Job(keys, ticket, False, time.monotonic()))
+        self._submit(job_metadata, is_load=False)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        keys = list(job_metadata.keys)
-        ticket = self.store.get(keys, self._pages, job_metadata.chunk_ids)
-        self._add(job_metadata.job_id, _Job(keys, ticket, True, time.monotonic()))
+        self._submit(job_metadata, is_load=True)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         removed = self.store.take_removed()  # first: see the module docstring
@@ -238,12 +284,20 @@ class RadixcacheTier(SecondaryTierManager):
         """Finish every job (its result stays harvestable), then close the store."""
         self.drain_jobs()
         self.store.close()
+        self._pages = None
 
     # -- helpers ----------------------------------------------------------------
-    def _add(self, job_id: JobId, job: _Job) -> None:
+    def _submit(self, job_metadata: TransferJob, *, is_load: bool) -> None:
+        job_id = job_metadata.job_id
         if job_id in self._jobs:
             raise ValueError(f"job id {job_id} is already in flight")
-        self._jobs[job_id] = job
+        keys = list(job_metadata.keys)
+        namespace = _tenant(job_metadata.req_context)
+        if self._pages is None:
+            raise RuntimeError(f"tier {self.tier_type!r} is shut down")
+        move = self.store.get if is_load else self.store.put
+        ticket = move(keys, self._pages, job_metadata.chunk_ids, namespace)
+        self._jobs[job_id] = _Job(keys, ticket, namespace, is_load, time.monotonic())
 
     def _event(self, keys: Iterable[bytes], *, removed: bool) -> OffloadingEvent:
         return OffloadingEvent(
@@ -253,3 +307,32 @@ class RadixcacheTier(SecondaryTierManager):
             locality=self.locality,
             ownership=self.tier_type,
         )
+
+
+class _Tenant:
+    """A request's tenant, parsed once and kept in its ``ReqContext``."""
+
+    __slots__ = ("namespace",)
+
+    def __init__(self, namespace: Namespace) -> None:
+        self.namespace = namespace
+
+
+def _tenant(req_context: ReqContext) -> Namespace:
+    """The namespace of the request's tenant (``kv_transfer_params["cache_salt"]``)."""
+    known = req_context.get_state(_Tenant)
+    if known is None:
+        known = _Tenant(tenant_namespace(salt_of(req_context.kv_transfer_params)))
+        req_context.set_state(known)
+    return known.namespace
+
+
+def _locality(value: str | None) -> Locality | None:
+    """vLLM's ``Locality`` of a tier entry's ``locality`` (None: unspecified)."""
+    if value is None:
+        return None
+    try:
+        return Locality(value.upper() if isinstance(value, str) else value)
+    except ValueError:
+        names = [m.value for m in Locality]
+        raise ValueError(f"locality must be one of {names} or left out, got {value!r}") from None

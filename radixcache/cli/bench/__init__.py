@@ -1,2 +1,44 @@
 """Benchmarks, each printing one JSON object with ratios against a baseline
-measured in the same run: ``python -m radixcache.cli.bench NAME [--quick]``."""
+measured in the same run: ``python -m radixcache.cli.bench NAME [--quick]``.
+
+A run whose figures are not the measurement (``--quick`` sizes, or a machine
+busy with other work when it started) says so in a ``"note"`` field, and its
+pass/fail verdicts are marked as indicative (``with_note``, ``verdict``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Load average per core above which a run is taken as loaded (its absolute
+# figures drift with the other work; same-run ratios hold better).
+LOADED_PER_CORE = 0.5
+
+
+def run_note(quick: bool) -> str | None:
+    """Why this run's figures are not the measurement, or None when they are."""
+    reasons = []
+    if quick:
+        reasons.append("a --quick smoke run (small sizes, few repeats)")
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        load = 0.0
+    cores = os.cpu_count() or 1
+    if load > LOADED_PER_CORE * cores:
+        reasons.append(f"the machine was loaded (load average {load:.2f} on {cores} cores)")
+    if not reasons:
+        return None
+    return "not the measurement: " + " and ".join(reasons) + "; run without --quick on a quiet machine"
+
+
+def verdict(ok: bool, note: str | None) -> str:
+    """``"pass"``/``"fail"``, marked indicative when ``note`` says the run is not the measurement."""
+    word = "pass" if ok else "fail"
+    return word if note is None else f"{word} (indicative only: see note)"
+
+
+def with_note(report: dict[str, Any], note: str | None) -> dict[str, Any]:
+    """``report`` with a leading ``"note"`` when the run is not the measurement."""
+    return report if note is None else {"note": note, **report}

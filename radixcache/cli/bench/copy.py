@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from radixcache.cli.bench import run_note, with_note
 from radixcache.cli.options import non_negative_int, positive_int, power_of_two
 from radixcache.cli.parser import CliParser
 from radixcache.transfer.allocator import PageAllocator
@@ -209,6 +210,7 @@ def _bench_cuda(
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    note = run_note(args.quick)  # before the run adds its own load
     spec = KVSpec(
         num_layers=args.layers,
         num_kv_heads=args.kv_heads,
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if torch.cuda.is_available() and not args.no_cuda:
         result["cuda"] = _bench_cuda(spec, args, rng)
-    print(json.dumps(result))
+    print(json.dumps(with_note(result, note)))
     return 0
 
 

@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import numpy as np
 import torch
@@ -82,17 +81,20 @@ def _figures(
 
 
 def _vllm_spec() -> Any:
+    """vLLM's own ``TieringOffloadingSpec`` (built, its manager never: the
+    tiers get the benchmark's own buffer instead of a shared region)."""
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
         OffloadingModelConfig,
         OffloadingParallelConfig,
     )
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
-    spec = MagicMock()  # as in vLLM's own tier tests: only .config is read
-    spec.config = OffloadingConfig(
+    config = OffloadingConfig(
         groups=(), worker_kv_bytes_per_block=CHUNK_BYTES, enable_kv_cache_events=False,
-        extra_config={}, engine_id="bench",
+        extra_config={"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": CHUNK_BYTES},
+        engine_id="bench",
         model=OffloadingModelConfig(name="bench-model", dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
@@ -101,8 +103,7 @@ def _vllm_spec() -> Any:
             is_parallelism_agnostic=False,
         ),
     )
-    spec.blocks_per_chunk = 1
-    return spec
+    return OffloadingSpecFactory.create_spec(config)
 
 
 def _vllm_tier(config: dict[str, Any], view: memoryview) -> Any:
@@ -112,7 +113,7 @@ def _vllm_tier(config: dict[str, Any], view: memoryview) -> Any:
 
 
 def bench_vllm(root: Path, n: int, repeat: int, job_chunks: int) -> dict[str, Any]:
-    from vllm.v1.kv_offload.base import make_offload_key
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
     from vllm.v1.kv_offload.tiering.base import TransferJob
 
     buf = torch.zeros(2 * n * CHUNK_BYTES + 4096, dtype=torch.uint8)
@@ -141,7 +142,7 @@ def bench_vllm(root: Path, n: int, repeat: int, job_chunks: int) -> dict[str, An
                 return [
                     TransferJob(job_id=first_id + j, keys=keys[j : j + job_chunks],
                                 chunk_ids=np.arange(chunk_base + j, chunk_base + min(n, j + job_chunks)),
-                                is_promotion=load, req_context=MagicMock())
+                                is_promotion=load, req_context=ReqContext(req_id="bench"))
                     for j in range(0, n, job_chunks)
                 ]
 

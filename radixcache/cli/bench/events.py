@@ -52,6 +52,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from radixcache.cli.bench import run_note, with_note
 from radixcache.cli.options import positive_int, positive_int_list
 from radixcache.cli.parser import CliParser
 from radixcache.events import (
@@ -386,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             parser.error(f"--cores needs two core numbers like 0,1, got {args.cores!r}")
         cores = (a, b)
-    json.dump(run(args.quick, args.events_per_batch, args.repeat, cores), sys.stdout, indent=2)
+    note = run_note(args.quick)
+    json.dump(with_note(run(args.quick, args.events_per_batch, args.repeat, cores), note),
+              sys.stdout, indent=2)
     print()
     return 0
 

@@ -34,7 +34,6 @@ The server named by ``--url`` is FLUSHALLed: point it at a scratch server only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -47,6 +46,8 @@ import numpy as np
 import redis
 import torch
 
+from radixcache.cli.bench import run_note, with_note
+from radixcache.cli.parser import CliParser
 from radixcache.offload.storage import record as rec
 from radixcache.offload import ModelFingerprint, ValkeyConfig, ValkeyStorage
 from radixcache.offload.valkey.link import PageConnection, PageSSLConnection
@@ -270,7 +271,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Valkey pool backend against the raw client")
+    parser = CliParser(prog="radixcache bench pool", description=__doc__)
     parser.add_argument("--url", default=None, help="a scratch server (FLUSHALLed); default: start one")
     parser.add_argument("--quick", action="store_true", help="16 MiB, small pages, one round")
     parser.add_argument("--total-mib", type=int, default=128, help="bytes of pages per figure")
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--specs", default="small,realistic", help=f"of {sorted(SPECS)}")
     parser.add_argument("--lookup-pages", type=int, default=2048, help="pages of the lookup prompt")
     args = parser.parse_args(argv)
+    note = run_note(args.quick)  # before the run adds its own load
     try:
         report = run(
             url=args.url,
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    print(json.dumps(report, indent=2))
+    print(json.dumps(with_note(report, note), indent=2))
     return 0
 
 

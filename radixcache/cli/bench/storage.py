@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixcache.cli.bench import run_note, with_note
 from radixcache.cli.options import positive_int
 from radixcache.cli.parser import CliParser
 from radixcache.offload.storage import kv_checksum
@@ -329,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None,
                         help="parent of the temporary directory (default: the system's)")
     args = parser.parse_args(argv)
+    note = run_note(args.quick)  # before the run adds its own load
     try:
         report = run(
             specs=[s for s in args.specs.split(",") if s],
@@ -339,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    print(json.dumps(report, indent=2))
+    print(json.dumps(with_note(report, note), indent=2))
     return 0
 
 

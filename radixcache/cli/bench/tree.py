@@ -22,7 +22,9 @@ one core for figures: ``taskset -c 1 python -m radixcache bench tree``.
 
 from __future__ import annotations
 
-import argparse
+from radixcache.cli.bench import run_note, with_note
+from radixcache.cli.parser import CliParser
+
 import gc
 import json
 import os
@@ -197,6 +199,7 @@ def bench_memory(w: Workload) -> dict[str, Any]:
 
 
 def run(quick: bool, runs: int = 1, with_peer: bool = False) -> dict[str, Any]:
+    caveat = run_note(quick)  # the load before this run adds its own
     """Tree-level figures against the naive baseline (one run), then the
     public API figures with events and, with ``with_peer``, SGLang's Rust tree
     core, ``runs`` times each, with the target table."""
@@ -256,16 +259,13 @@ def run(quick: bool, runs: int = 1, with_peer: bool = False) -> dict[str, Any]:
     }
     if peer_runs:
         result["sglang_rust"] = {"what": note, "runs": peer_runs}
-    result["targets"] = tree_targets.table(ours_runs, peer_runs or None, note)
+    result["targets"] = tree_targets.table(ours_runs, peer_runs or None, note, caveat)
+    result = with_note(result, caveat)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="radixcache bench tree",
-        description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = CliParser(prog="radixcache bench tree", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one run, no peer (smoke test)")
     parser.add_argument(
         "--runs", type=int, default=None,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from radixcache.cli.bench import tree_api
+from radixcache.cli.bench import tree_api, verdict
 from radixcache.cli.bench.sglang_tree import SglangTree, load, rss_bytes
 from radixcache.cli.bench.tree_api import timed
 
@@ -135,15 +135,19 @@ def ratio(t: Target, mine: float, theirs: float) -> float:
     return theirs / mine if mine else float("inf")
 
 
-def table(runs_ours: list[dict[str, float]], runs_peer: list[dict[str, float]] | None, note: str) -> dict[str, Any]:
-    """Medians over runs, per-run ratios' median, pass/fail per target."""
+def table(
+    runs_ours: list[dict[str, float]], runs_peer: list[dict[str, float]] | None, note: str,
+    caveat: str | None = None,
+) -> dict[str, Any]:
+    """Medians over runs, per-run ratios' median, pass/fail per target
+    (marked indicative when ``caveat`` says the run is not the measurement)."""
     rows = []
     for t in TARGETS:
         mine = statistics.median(r[t.figure] for r in runs_ours)
         row: dict[str, Any] = {"figure": t.label, "unit": t.unit, "radixcache": mine}
         abs_ok = mine >= t.bound if t.higher_is_better else mine <= t.bound
         row["target"] = f"{'>=' if t.higher_is_better else '<='} {t.bound:g} {t.unit}"
-        row["absolute"] = "pass" if abs_ok else "fail"
+        row["absolute"] = verdict(abs_ok, caveat)
         if runs_peer and t.figure in runs_peer[0]:
             theirs = statistics.median(r[t.figure] for r in runs_peer)
             per_run = [ratio(t, a[t.figure], b[t.figure]) for a, b in zip(runs_ours, runs_peer)]
@@ -151,7 +155,7 @@ def table(runs_ours: list[dict[str, float]], runs_peer: list[dict[str, float]] |
             row["ratio_vs_sglang"] = round(statistics.median(per_run), 2)
             if t.min_ratio is not None:
                 row["ratio_target"] = f">= {t.min_ratio:g}x"
-                row["ratio"] = "pass" if row["ratio_vs_sglang"] >= t.min_ratio else "fail"
+                row["ratio"] = verdict(row["ratio_vs_sglang"] >= t.min_ratio, caveat)
         elif t.min_ratio is not None:
             row["ratio_target"] = f">= {t.min_ratio:g}x"
             row["ratio"] = "not measured (no peer)"

@@ -49,20 +49,33 @@ from radixcache.transfer import KVSpec
 STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock"})  # what --fresh deletes
 
 
-def clear_store(path: Path) -> None:
-    """--fresh: delete the LMDB files in ``path`` (nothing else). The caller has
-    checked that no other process holds the store."""
+def clear_store(path: Path) -> list[str]:
+    """--fresh: delete the LMDB files in ``path`` (nothing else); returns the
+    names of the files deleted. The caller has checked that no other process
+    holds the store."""
     if not path.is_dir():
-        return
+        return []
     unknown = sorted(set(os.listdir(path)) - STORE_FILES)
     if unknown:
         raise UsageError(f"--fresh: {str(path)!r} holds files that are not an LMDB store "
                          f"({', '.join(unknown[:3])}); not deleting anything")
+    removed = []
     try:
-        for name in STORE_FILES:
-            (path / name).unlink(missing_ok=True)
+        for name in sorted(STORE_FILES):
+            if (path / name).exists():
+                (path / name).unlink()
+                removed.append(name)
     except OSError as err:
         raise UsageError(f"--fresh: cannot empty {str(path)!r}: {err.strerror or err}") from None
+    return removed
+
+
+def fresh_report(path: Path, pages: int, nbytes: int, files: list[str]) -> str:
+    """What --fresh removed from an LMDB store, in one line."""
+    if not files:
+        return f"--fresh: {path} held no store; nothing removed"
+    return (f"--fresh: removed {pages} pages ({nbytes / 2**20:.1f} MiB of records) from {path} "
+            f"(deleted {', '.join(files)})")
 
 
 def make_publisher(args: argparse.Namespace) -> EventPublisher:
@@ -121,9 +134,16 @@ def run(args: argparse.Namespace) -> int:
 
             return run_engines(args, device, store)
         path = store.path
+        args.fresh_report = None
         if args.fresh and path is not None and path.exists():
-            build_cache(args, spec, device, store).close()  # fails if unusable or held
-            clear_store(path)
+            old = build_cache(args, spec, device, store)  # fails if unusable or held
+            held = old.tier_stats()
+            pages = held.storage.records if held is not None and held.storage else 0
+            nbytes = held.storage.stored_bytes if held is not None and held.storage else 0
+            old.close()
+            args.fresh_report = fresh_report(path, pages, nbytes, clear_store(path))
+        elif args.fresh and path is not None:
+            args.fresh_report = f"--fresh: {path} does not exist yet; nothing removed"
         publisher = make_publisher(args)  # first: a bad events option fails before any store opens
         try:
             cache = build_cache(args, spec, device, store)
@@ -133,12 +153,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def forget_tenants(cache: RadixCache, tenants: list[Namespace]) -> None:
+def forget_tenants(cache: RadixCache, tenants: list[Namespace]) -> int:
     """--fresh on a pool: remove the demo tenants' pages from it (only theirs:
-    the pool is shared)."""
+    the pool is shared); returns how many pages the pool deleted."""
+    def deleted() -> int:
+        ts = cache.tier_stats()
+        return ts.storage.deleted if ts is not None and ts.storage is not None else 0
+
+    before = deleted()
     for ns in tenants:
         cache.forget_namespace(ns)
     settle(cache)
+    return deleted() - before
 
 
 def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore,
@@ -154,8 +180,11 @@ def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore,
           f"({ts.host_pages * mib:.0f} MiB), {store.describe()}; "
           f"write policy {args.write_policy}, prefetch {args.prefetch_policy}")
     if store.pool is not None and args.fresh:
-        forget_tenants(cache, tenants)
-        print(f"--fresh: removed the demo's pages from {store.pool.describe()}")
+        removed = forget_tenants(cache, tenants)
+        print(f"--fresh: removed {removed} pages of the demo's {len(tenants)} tenants from "
+              f"{store.pool.describe()} (other tenants' pages are left)")
+    elif getattr(args, "fresh_report", None):
+        print(args.fresh_report)
     elif store.path is not None and ts.storage.records:
         print(f"found {ts.storage.records} pages from an earlier run in {store.path}; "
               f"--fresh starts empty")
@@ -199,12 +228,12 @@ def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore,
               f"run reuses it (--fresh starts empty; rm -r {store.path} removes it)")
     elif store.scratch:
         assert store.pool is not None
-        print(f"scratch pool {store.pool.describe()}: {kept} records; it stops with the demo")
+        print(f"scratch pool {store.pool.describe()}: it stops with the demo (and the pages "
+              f"stored in it with it)")
     else:
         assert store.pool is not None
-        print(f"pool {store.pool.describe()}: {kept} records (of every engine using it); the "
-              f"pages stay there for the engines that share it, and the next run reuses them "
-              f"(--fresh removes the demo's pages)")
+        print(f"pool {store.pool.describe()}: the pages stay there for the engines that "
+              f"share it, and the next run reuses them (--fresh removes the demo's pages)")
 
 
 # ---------------------------------------------------------------------- options

@@ -78,10 +78,26 @@ def summary(cache: RadixCache, t: Totals, publisher: EventPublisher, elapsed: fl
     saved = t.prompt_tokens - t.computed_tokens
     print(f"  prefill avoided: {saved} of {t.prompt_tokens} prompt tokens ({saved * pct:.1f}%); "
           f"{t.checked_tokens} cached tokens verified bit-exact, none wrong")
-    print(f"  storage: {st.records} records, {st.corrupt} corrupt, {st.failed_ops} failed ops; "
+    print(f"  {stored_pages(cache, storage)}; {st.corrupt} corrupt, {st.failed_ops} failed ops; "
           f"abandoned loads {ts.abandoned_tokens} tokens, failed jobs {ts.failed_jobs}")
     p = publisher.stats()
     print(f"  events: {p.published} batches published, {p.dropped} dropped")
+
+
+def stored_pages(cache: RadixCache, storage: str) -> str:
+    """The one count of stored pages: pages this run's store jobs committed,
+    jobs still in flight named as such; for LMDB also the pages the store
+    holds (earlier runs' included). A pool's key count is not a page count
+    (it holds other engines' pages and namespace sets), so it is not shown."""
+    ts = cache.tier_stats()
+    assert ts is not None and ts.storage is not None
+    written = ts.pages_moved.get("host_to_storage", 0)
+    line = f"{storage}: {written} pages stored by this run"
+    if storage == "LMDB":
+        line += f" ({ts.storage.records} pages in the store)"
+    pending = ts.in_flight
+    return line + (f", {pending} tier jobs still in flight (writes not yet counted)"
+                   if pending else ", no writes in flight")
 
 
 def store_size(path: Path) -> int:

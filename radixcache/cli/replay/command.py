@@ -10,10 +10,9 @@ from radixcache.cli.hicache_options import add_host_pool_options, add_policy_opt
 from radixcache.cli.options import fraction, non_negative_int, positive_int, power_of_two
 from radixcache.cli.replay.trace import BLOCK_SIZE
 from radixcache.cli.replay.run import __doc__ as REPLAY_DOC
+from radixcache.cli.replay.capacity import DEFAULT_MODEL, MODEL_PRESETS
 from radixcache.cli.replay.plot import run_command
 from radixcache.tree.policies import eviction_policy_names
-
-LLAMA3_8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2  # layers, KV heads, head dim, K+V, fp16
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,10 +29,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="device pool in pages (None: 2**20 tokens' worth, 2048 pages of 512)")
     add_host_pool_options(p, 0, "host pool in pages (0: none)",
                           ratio_flags=("--host-ratio", "--hicache-ratio"))
-    p.add_argument("--kv-bytes-per-token", type=positive_int,
-                   default=LLAMA3_8B_KV_BYTES_PER_TOKEN,
-                   help="the modelled KV size per token, to turn --hicache-size into pages "
-                   "(default: Llama-3-8B in fp16)")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv-bytes-per-token", type=positive_int, default=None,
+                    help="the modelled KV size per token: sweeps show capacity in GB with it, "
+                    "and --hicache-size is turned into pages with it (None: --model's)")
+    kv.add_argument("--model", default=None, choices=sorted(MODEL_PRESETS),
+                    help=f"a model preset for the KV size per token, fp16 (None: {DEFAULT_MODEL}, "
+                    f"{MODEL_PRESETS[DEFAULT_MODEL]:,} B)")
     p.add_argument("--storage-pages", type=non_negative_int, default=0,
                    help="LMDB storage capacity in pages (0: none; needs a host tier)")
     p.add_argument("--storage-path", default=None,

@@ -1,6 +1,7 @@
 """The ``radixcache replay`` command's front end: the text report, the
 progress bar, JSON output, capacity sweeps and their CSV, JSON and PNG
-(``radixcache.cli.replay.run`` does the replaying).
+(``radixcache.cli.replay.run`` does the replaying, ``capacity`` says what a
+sweep's figures mean in GB and in what context, ``figure`` draws the PNG).
 
 A sweep replays the same trace once per capacity of one tier (the others
 fixed, or the host pool scaled with the device pool by ``--host-ratio``)::
@@ -20,7 +21,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from rich.console import Console
 from rich.progress import (
@@ -34,12 +35,13 @@ from rich.progress import (
 
 from radixcache.cli.parser import UsageError, describe
 from radixcache.cli.hicache_options import GB
+from radixcache.cli.replay.capacity import DEFAULT_MODEL, MODEL_PRESETS, Planning, Sweep, ceiling
+from radixcache.cli.replay.figure import plot_sweep, require_matplotlib
 from radixcache.cli.replay.run import ReplayConfig, ReplayResult, replay
 from radixcache.cli.replay.trace import TraceRequest, load_trace
 from radixcache.offload import StorageOpenError
 
 TIERS = ("device", "host", "storage")
-PLOT_HINT = "the sweep plot needs matplotlib: pip install 'radixcache[plot]' (or pass --no-plot)"
 
 
 # ---------------------------------------------------------------------- text
@@ -94,12 +96,6 @@ def write_json(path: str, payload: object) -> None:
 
 
 # ---------------------------------------------------------------------- sweeps
-@dataclass(frozen=True, slots=True)
-class Sweep:
-    tier: str  # whose capacity varies: device, host or storage
-    values: tuple[int, ...]  # its capacities in pages, in the order given
-
-
 def parse_sweep(text: str) -> Sweep:
     """``[TIER=]N,N,...`` (TIER defaults to device); ValueError if malformed."""
     tier, sep, rest = text.partition("=")
@@ -136,99 +132,67 @@ def sweep_configs(base: ReplayConfig, sweep: Sweep, host_ratio: float | None) ->
     return out
 
 
-def _row(result: ReplayResult) -> dict[str, object]:
+def _row(result: ReplayResult, plan: Planning) -> dict[str, object]:
     c = result.config
-    row: dict[str, object] = {"device_pages": c.num_device_pages, "host_pages": c.host_pages,
-                              "storage_pages": c.storage_pages, "page_size": c.page_size}
+    ps = c.page_size
+    row: dict[str, object] = {
+        "device_pages": c.num_device_pages, "device_gb": round(plan.gb(c.num_device_pages, ps), 3),
+        "host_pages": c.host_pages, "host_gb": round(plan.gb(c.host_pages, ps), 3),
+        "storage_pages": c.storage_pages, "storage_gb": round(plan.gb(c.storage_pages, ps), 3),
+        "page_size": ps, "kv_bytes_per_token": plan.kv_bytes_per_token, "model": plan.model,
+        "write_policy": c.write_policy if c.host_pages else "", "warmup_fraction": c.warmup,
+        "trace_requests": plan.trace_requests, "replayed_requests": plan.replayed_requests,
+        "ceiling_hit_ratio": round(plan.ceiling, 6),
+    }
     row.update(result.figures.to_dict())
     row["wall_s"] = round(result.wall_s, 3)
     return row
 
 
-def format_table(results: Sequence[ReplayResult], sweep: Sweep) -> str:
-    """A Markdown table of the sweep, one row per point."""
-    head = (f"| {sweep.tier} pages | tokens | hit ratio | device | host | storage "
-            "| prefill saved | device evictions | wall s |")
-    lines = [head, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def format_table(results: Sequence[ReplayResult], sweep: Sweep, plan: Planning) -> str:
+    """The sweep's context, then a Markdown table with one row per point."""
+    context = plan.context(results[0].config if results else ReplayConfig(), results)
+    head = (f"| {sweep.tier} capacity (pages) | {sweep.tier} capacity (GB) | hit ratio | device "
+            "| host | storage | prefill saved | device evictions | rejected | wall s |")
+    lines = [*context, "", head, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for value, r in zip(sweep.values, results):
         f = r.figures
         lines.append(
-            f"| {value:,} | {value * r.config.page_size:,} | {f.ratio(f.hit_tokens):.1%} "
+            f"| {value:,} | {plan.gb(value, r.config.page_size):,.1f} "
+            f"| {f.ratio(f.hit_tokens):.1%} "
             f"| {f.ratio(f.hit_device_tokens):.1%} | {f.ratio(f.hit_host_tokens):.1%} "
             f"| {f.ratio(f.hit_storage_tokens):.1%} | {f.ratio(f.saved_tokens):.1%} "
-            f"| {f.device_evicted_pages:,} | {r.wall_s:.1f} |"
+            f"| {f.device_evicted_pages:,} | {f.rejected_requests:,} | {r.wall_s:.1f} |"
         )
     return "\n".join(lines)
 
 
 def write_sweep(
-    results: Sequence[ReplayResult], sweep: Sweep, prefix: str, trace: str, plot: bool = True
+    results: Sequence[ReplayResult], sweep: Sweep, prefix: str, plan: Planning,
+    plot: bool = True,
 ) -> list[str]:
     """Write PREFIX.csv, PREFIX.json and (with ``plot``) PREFIX.png; returns the paths."""
-    rows = [_row(r) for r in results]
+    rows = [_row(r, plan) for r in results]
     paths = [f"{prefix}.csv", f"{prefix}.json"]
     with open(paths[0], "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     write_json(paths[1], {
-        "trace": trace,
+        "trace": plan.trace,
+        "trace_requests": plan.trace_requests,
+        "replayed_requests": plan.replayed_requests,
+        "kv_bytes_per_token": plan.kv_bytes_per_token,
+        "model": plan.model,
+        "ceiling_hit_ratio": plan.ceiling,
+        "context": plan.context(results[0].config, results),
         "sweep": {"tier": sweep.tier, "values": list(sweep.values)},
         "points": [r.to_dict() for r in results],
     })
     if plot:
         paths.append(f"{prefix}.png")
-        plot_sweep(results, sweep, paths[2], trace)
+        plot_sweep(results, sweep, paths[2], plan)
     return paths
-
-
-# ---------------------------------------------------------------------- plot
-def require_matplotlib() -> None:
-    """ImportError with the install hint when matplotlib is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise ImportError(PLOT_HINT) from None
-
-
-def plot_sweep(results: Sequence[ReplayResult], sweep: Sweep, path: str, trace: str) -> None:
-    """Hit ratio against capacity: one band per tier, the total on top."""
-    require_matplotlib()
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import PercentFormatter
-
-    pairs = sorted(zip(sweep.values, results), key=lambda p: p[0])
-    x = [v for v, _ in pairs]
-    figs = [r.figures for _, r in pairs]
-    bands = [("device", [f.ratio(f.hit_device_tokens) for f in figs]),
-             ("host", [f.ratio(f.hit_host_tokens) for f in figs]),
-             ("storage", [f.ratio(f.hit_storage_tokens) for f in figs])]
-    bands = [b for b in bands if any(b[1])] or bands[:1]
-    total = [sum(vals) for vals in zip(*(b[1] for b in bands))]
-    fig = Figure(figsize=(7.5, 4.5), dpi=120)
-    ax = fig.add_subplot()
-    log = x[0] > 0 and len(x) > 1 and x[-1] / x[0] >= 8
-    if len(bands) > 1:
-        ax.stackplot(x, *(b[1] for b in bands), labels=[f"{b[0]} hits" for b in bands], alpha=0.45)
-    label = "all tiers" if len(bands) > 1 else "hit ratio"
-    ax.plot(x, total, marker="o", color="black", label=label)
-    for xi, yi in zip(x, total):
-        ax.annotate(f"{yi:.1%}", (xi, yi), textcoords="offset points", xytext=(0, 7),
-                    ha="center", fontsize=8)
-    if log:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(x, [f"{v:,}" for v in x], rotation=30, fontsize=8)
-    ax.minorticks_off()
-    ax.set_ylim(0, max(1.0, max(total) * 1.08))
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    page = pairs[0][1].config.page_size
-    ax.set_xlabel(f"{sweep.tier} capacity (pages of {page} tokens)")
-    ax.set_ylabel("prompt tokens served from cache")
-    ax.set_title(f"prefix-cache hit ratio: {trace.rsplit('/', 1)[-1]}", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
 
 
 # ---------------------------------------------------------------------- command
@@ -236,8 +200,21 @@ def _host_pages(args: argparse.Namespace, device_pages: int) -> int:
     if args.host_ratio is not None:
         return max(1, int(args.host_ratio * device_pages))
     if args.host_gb is not None:  # HiCache's --hicache-size, in pages of the modelled KV
-        return max(1, int(args.host_gb * GB) // (args.kv_bytes_per_token * args.page_size))
+        return max(1, int(args.host_gb * GB) // (kv_bytes_per_token(args) * args.page_size))
     return int(args.host_pages)
+
+
+def kv_bytes_per_token(args: argparse.Namespace) -> int:
+    """--kv-bytes-per-token, else the --model preset's (default: Llama-3-8B)."""
+    if args.kv_bytes_per_token is not None:
+        return int(args.kv_bytes_per_token)
+    return MODEL_PRESETS[args.model or DEFAULT_MODEL]
+
+
+def _model_label(args: argparse.Namespace) -> str:
+    if args.kv_bytes_per_token is not None:
+        return "--kv-bytes-per-token" if args.model is None else f"--kv-bytes-per-token, not {args.model}"
+    return f"{args.model or DEFAULT_MODEL}, fp16"
 
 
 def _config(args: argparse.Namespace) -> ReplayConfig:
@@ -284,7 +261,8 @@ def run_command(args: argparse.Namespace) -> int:
         points = sweep_configs(base, sweep, args.host_ratio) if sweep else []
         if sweep and not args.no_plot:
             require_matplotlib()
-        requests = load_trace(args.trace, args.block_size, args.limit)
+        whole = load_trace(args.trace, args.block_size)
+        requests = whole[: args.limit] if args.limit is not None else whole
     except (ValueError, OSError, ImportError) as err:
         raise UsageError(describe(err)) from None
     if sweep is None:
@@ -299,8 +277,11 @@ def run_command(args: argparse.Namespace) -> int:
     for i, config in enumerate(points):
         label = f"{sweep.tier}={sweep.values[i]} [{i + 1}/{len(points)}]"
         results.append(_replay(requests, config, label, args.quiet))
-    print(format_table(results, sweep))
+    plan = Planning(trace=args.trace, trace_requests=len(whole), replayed_requests=len(requests),
+                    kv_bytes_per_token=kv_bytes_per_token(args), model=_model_label(args),
+                    ceiling=ceiling(requests, base))
+    print(format_table(results, sweep, plan))
     with _writing(args.out):
-        written = write_sweep(results, sweep, args.out, args.trace, plot=not args.no_plot)
+        written = write_sweep(results, sweep, args.out, plan, plot=not args.no_plot)
     print("wrote " + ", ".join(written))
     return 0

@@ -16,8 +16,11 @@ def test_command_reports_every_target(capsys: pytest.CaptureFixture[str]) -> Non
     out = json.loads(capsys.readouterr().out)
     rows = out["targets"]["rows"]
     assert [r["figure"] for r in rows] == [t.label for t in tree_targets.TARGETS]
-    for row in rows:
-        assert row["radixcache"] > 0 and row["absolute"] in ("pass", "fail")
+    assert out["note"].startswith("not the measurement: a --quick smoke run")
+    for row in rows:  # a quick run's verdicts are marked indicative
+        assert row["radixcache"] > 0
+        assert row["absolute"] in ("pass (indicative only: see note)",
+                                   "fail (indicative only: see note)")
     assert out["targets"]["peer"] == "SGLang baseline not requested"
     (run,) = out["public_api"]["runs"]
     assert run["evict_pages_freed"] == 10_000  # page-granular: exactly what was asked

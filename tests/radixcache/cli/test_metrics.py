@@ -137,3 +137,26 @@ def test_storage_writes_are_timed(tmp_path: Path) -> None:
     assert flat["storage_write_seconds_count"] >= 1 and flat["backup_seconds_count"] >= 1
     assert flat["storage_read_seconds_count"] == 0
     cache.close()
+
+
+def test_hit_rate_per_tier_and_vllms_kv_offload_series() -> None:
+    cache = warm_cache()
+    flat = snapshot(cache)
+    # two requests of 9 tokens; the second found 8 in host memory
+    assert flat["cache_hit_rate{tier=host}"] == pytest.approx(8 / 18)
+    assert flat["cache_hit_rate{tier=device}"] == 0.0
+    assert flat["cache_hit_rate{tier=all}"] == pytest.approx(8 / 18)
+    page_bytes = cache.spec.page_bytes
+    assert flat["kv_offload_store_bytes"] == 2 * page_bytes  # device -> host, vLLM's "store"
+    assert flat["kv_offload_load_bytes"] == 2 * page_bytes  # host -> device, vLLM's "load"
+    assert flat["kv_offload_store_time"] > 0 and flat["kv_offload_load_time"] > 0
+    assert flat["kv_offload_load_time"] == flat["load_back_seconds_sum"]
+    exporter = MetricsExporter(cache)
+    try:
+        body = exporter.render().decode()
+        assert 'radixcache_cache_hit_rate{tier="host"} 0.444' in body
+        assert f"radixcache_kv_offload_store_bytes_total {float(2 * page_bytes)}" in body
+        assert "radixcache_kv_offload_load_time_total " in body
+    finally:
+        exporter.close()
+        cache.close()

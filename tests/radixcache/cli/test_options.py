@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.cli import build_parser, main
-from radixcache.cli.kv_events_config import KEYS, publisher_config
+from radixcache.cli.kv_events_config import KVEventsDocument, publisher_config
 from radixcache.events import PublisherConfig
 from radixcache.offload import policy, prefetch_policy_names, write_policy_names
 
@@ -30,7 +30,7 @@ def test_every_vllm_key_maps_onto_the_publisher_config() -> None:
         endpoint="tcp://127.0.0.1:6001", replay_endpoint="tcp://127.0.0.1:6002",
         replay_buffer_size=50, send_hwm=7, queue_size=9, topic="kv@engine-0",
     )
-    assert set(KEYS) == {"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint",
+    assert set(KVEventsDocument.__struct_fields__) == {"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint",
                          "buffer_steps", "hwm", "max_queue_size", "topic"}
 
 
@@ -51,11 +51,11 @@ def test_events_off_as_in_vllm(values: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"enable_kv_cache_events": True, "endpont": "x"}, "unknown key(s) endpont"),
-    ({"hwm": True}, "hwm must be an integer"),
-    ({"topic": 3}, "topic must be a string"),
-    ({"replay_endpoint": 5}, "replay_endpoint must be a string or null"),
-    ({"publisher": "nats"}, "publisher must be one of zmq, null"),
+    ({"enable_kv_cache_events": True, "endpont": "x"}, "Object contains unknown field `endpont`"),
+    ({"hwm": True}, "Expected `int`, got `bool` - at `$.hwm`"),
+    ({"topic": 3}, "Expected `str`, got `int` - at `$.topic`"),
+    ({"replay_endpoint": 5}, "Expected `str | null`, got `int` - at `$.replay_endpoint`"),
+    ({"publisher": "nats"}, "Invalid enum value 'nats' - at `$.publisher`"),
     ({"max_queue_size": -1}, "queue_size must be positive"),
 ])
 def test_bad_vllm_keys(values: dict[str, object], message: str) -> None:

