@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from radixcache.tree.policies import make_eviction_policy
 from radixcache.tiers.host_index import HostIndex
 from radixcache.tree.node import PageIds
-from radixcache.offload.host import HostPool
+from radixcache.offload import HostPool
 from radixcache.keys.page_keys import PageKeys
 from radixcache.recorder import EventRecorder, EventSink, NoEvents
 from radixcache.tiers.survivors import announce_survivors

@@ -32,7 +32,7 @@ from typing import Any
 
 from radixcache.cache import RadixCache
 from radixcache.events.publisher import EventPublisher
-from radixcache.offload.controller import LATENCY_BOUNDS_S, LatencyHistogram
+from radixcache.offload import LATENCY_BOUNDS_S, LatencyHistogram
 
 
 @dataclass(frozen=True, slots=True)

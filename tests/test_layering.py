@@ -147,6 +147,41 @@ def test_the_tiers_are_below_the_facade() -> None:
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
+BACKENDS = ("lmdb", "valkey")  # offload/<backend>/: one folder each
+CLIENTS = {"lmdb": {"lmdb"}, "valkey": {"redis", "valkey", "glide"}}  # what each may talk to
+
+
+def offload_part(module: str) -> str | None:
+    """The offload part of a module: 'storage', 'lmdb', 'backends', ... or None."""
+    parts = module.split(".")
+    if parts[:2] != ["radixcache", "offload"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def test_offload_backends_are_their_transport_on_one_base() -> None:
+    """The contract and shared base import no backend and no client library;
+    a backend imports the base and never another backend; only backends.py
+    knows every backend; each client library belongs to one backend."""
+    for backend in BACKENDS:
+        assert (ROOT / "offload" / backend / "__init__.py").is_file(), backend
+    for path in sources("offload"):
+        rel = path.relative_to(ROOT)
+        here = rel.parts[1] if len(rel.parts) > 2 else rel.stem
+        mods = imports(path)
+        parts = {offload_part(m) for m in mods} - {None, here}
+        tops = {m.split(".")[0] for m in mods}
+        if here == "storage":
+            assert not parts & {*BACKENDS, "backends", "controller", "host"}, rel
+        if here in BACKENDS:
+            assert not parts & ({*BACKENDS, "backends"} - {here}), f"{rel} imports {sorted(parts)}"
+        if here not in ("backends", "__init__"):  # the package's lazy exports name them all
+            assert len(parts & set(BACKENDS)) <= 1 or here in BACKENDS, rel
+        for backend, clients in CLIENTS.items():
+            if here != backend:
+                assert not tops & clients, f"{rel} talks to {sorted(tops & clients)}"
+
+
 PACKAGE_FOLDERS = ("radixcache", "events", "transfer", "offload")
 MAX_MODULES = 12  # modules per package folder, __init__ and __main__ aside
 MAX_LINES = 420  # lines per module (the guideline is about 400)
@@ -240,6 +275,8 @@ def test_no_import_circles() -> None:
                              "radixcache.recorder")),
         ("radixcache.keys", ("lmdb", "zmq", "torch", "radixcache.tree", "radixcache.tiers",
                              "radixcache.offload", "radixcache.events")),
+        ("radixcache.offload", ("redis", "lmdb", "torch", "radixcache.offload.lmdb",
+                                "radixcache.offload.valkey", "radixcache.cache")),
     ],
 )
 def test_importing_a_layer_loads_only_what_it_needs(module: str, banned: tuple[str, ...]) -> None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 
 from radixcache.cli.options import non_negative_int, positive_float
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.policy import prefetch_policy_names, write_policy_names
+from radixcache.offload import HostPoolConfig, prefetch_policy_names, write_policy_names
 
 GB = 10**9  # HiCache's --hicache-size unit
 

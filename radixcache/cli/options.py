@@ -101,7 +101,7 @@ def storage_url(text: str) -> str:
     directory or ``lmdb://`` URL, a ``valkey://``/``valkeys://``/``redis://``/
     ``rediss://`` pool URL, or ``valkey://auto``. Checked here, returned as
     given; messages show the URL with its password as ``***``."""
-    from radixcache.offload.storage_url import storage_config
+    from radixcache.offload import storage_config
 
     if text.strip().lower() == AUTO_POOL:
         return AUTO_POOL

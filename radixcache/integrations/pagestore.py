@@ -2,7 +2,7 @@
 
 vLLM and SGLang key their KV pages themselves (a 36-byte block hash, a 64-hex
 SHA-256 chain) and hand over page bytes, never token ids. ``PageStore`` puts
-those pages into radixcache storage as raw records (``radixcache.offload.record``,
+those pages into radixcache storage as raw records (``radixcache.offload.storage.record``,
 flag ``raw``): every record carries the full key it was written under and a
 checksum of its bytes (record v3, see the README), and its key is bound to a
 ``ModelFingerprint`` built from the engine, the model and the page format,
@@ -37,11 +37,18 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
-from radixcache.offload.storage_url import open_backend, storage_config
-from radixcache.offload.valkey_config import SCHEMES as POOL_SCHEMES
-from radixcache.offload.valkey_config import redact_url
-from radixcache.offload.storage import MAX_KEY_BYTES, ModelFingerprint, Storage, StorageStats
+from radixcache.offload import (
+    MAX_KEY_BYTES,
+    LmdbStorage,
+    ModelFingerprint,
+    Storage,
+    StorageConfig,
+    StorageStats,
+    open_backend,
+    storage_config,
+)
+from radixcache.offload.valkey import SCHEMES as POOL_SCHEMES
+from radixcache.offload.valkey import redact_url
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import Ticket
 
@@ -157,7 +164,7 @@ class PageStoreConfig:
     layout: str  # page format, e.g. "kv_dtype=bfloat16;page_size=64;layout=page_first"
     tp_rank: int = 0  # tensor-parallel rank whose pages these are
     capacity_bytes: int = 64 << 30  # limit on stored bytes (least recently used evicted)
-    durability: str = "safe"  # "safe" or "fast" (see offload/lmdb_storage.py)
+    durability: str = "safe"  # "safe" or "fast" (see offload/lmdb/storage.py)
     num_readers: int = 2  # reader threads
     backend: str | None = None  # one of BACKENDS; None: "valkey" for a pool URL, else "lmdb"
 

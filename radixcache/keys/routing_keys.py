@@ -25,9 +25,7 @@ import numpy as np
 
 from radixcache.keys.hashing import chain_keys, split_keys
 from radixcache.namespace import ExtraKey, Namespace
-from radixcache.offload.storage import ModelFingerprint
-from radixcache.offload.valkey_config import ValkeyConfig
-from radixcache.offload.valkey_lookup import PoolLookup
+from radixcache.offload import ModelFingerprint, PoolLookup, ValkeyConfig
 from radixcache.tokens import as_tokens
 from radixcache.transfer.layout import KVSpec
 

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixcache.offload.controller import LatencyHistogram
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_open import StorageOpening
-from radixcache.offload.storage_url import StorageTarget, open_backend, storage_config
-from radixcache.offload.policy import PrefetchPolicy, WritePolicy, make_prefetch_policy, make_write_policy
-from radixcache.offload.storage import ModelFingerprint, NullStorage, StorageStats
+from radixcache.offload import (
+    HostPoolConfig,
+    LatencyHistogram,
+    ModelFingerprint,
+    NullStorage,
+    PrefetchPolicy,
+    StorageOpening,
+    StorageStats,
+    StorageTarget,
+    WritePolicy,
+    make_prefetch_policy,
+    make_write_policy,
+    open_backend,
+    storage_config,
+)
 from radixcache.transfer import KVSpec
 
 
@@ -89,7 +98,7 @@ class TierStats:
 
 def open_storage(config: TierConfig, spec: KVSpec) -> StorageOpening:
     """The storage tier ``config`` asks for: LMDB (recovered or disabled when
-    it cannot be opened, see offload/lmdb_open.py), a Valkey pool, or
+    it cannot be opened, see offload/lmdb/opening.py), a Valkey pool, or
     ``NullStorage``."""
     if config.storage is None:
         return StorageOpening(NullStorage(), "disabled")

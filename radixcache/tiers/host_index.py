@@ -26,7 +26,7 @@ from typing import Final
 import numpy as np
 
 from radixcache.tree.node import EMPTY_PAGES, Node, PageIds
-from radixcache.offload.host import HostPool
+from radixcache.offload import HostPool
 from radixcache.events.types import Medium
 from radixcache.tree.recording import Recorder
 

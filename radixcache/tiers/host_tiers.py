@@ -39,12 +39,9 @@ from radixcache.tiers.loads import LoadBack
 from radixcache.tiers.write_jobs import BackupJob, StoreJob
 from radixcache.namespace import Namespace
 from radixcache.tree.node import EMPTY_PAGES, InsertResult, MatchResult, Node, PageIds
-from radixcache.offload.controller import JobKind, OffloadController
-from radixcache.offload.storage import Storage
+from radixcache.offload import JobKind, OffloadController, RateLimitedLog, Storage, StorageOpening
 from radixcache.keys.hashing import split_keys
 from radixcache.request import Request
-from radixcache.offload.lmdb_open import StorageOpening
-from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.tiers.config import TierConfig, TierCounters, TierStats
 from radixcache.tree.radix_tree import RadixTree
 from radixcache.transfer import DeviceKVBuffer

@@ -32,7 +32,7 @@ from typing import ClassVar, Protocol
 from radixcache.tiers.host_index import HostIndex
 from radixcache.namespace import Namespace
 from radixcache.tree.node import EMPTY_PAGES, Node, PageIds
-from radixcache.offload.controller import Job, OffloadController
+from radixcache.offload import Job, OffloadController
 from radixcache.request import Request
 from radixcache.tiers.config import TierCounters
 from radixcache.tree.radix_tree import RadixTree

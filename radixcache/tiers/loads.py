@@ -31,9 +31,7 @@ from radixcache.tiers.jobs import JobRuntime
 from radixcache.tiers.load_jobs import FetchJob, LoadJob
 from radixcache.namespace import Namespace
 from radixcache.tree.node import Node, PageIds
-from radixcache.offload.host import HostPool
-from radixcache.offload.policy import PrefetchPolicy
-from radixcache.offload.storage import Storage
+from radixcache.offload import HostPool, PrefetchPolicy, Storage
 from radixcache.request import Request
 
 

@@ -46,8 +46,7 @@ from radixcache.events.types import DISK, Medium
 from radixcache.keys.event_ids import EventIds
 from radixcache.namespace import Namespace
 from radixcache.tree.node import Node
-from radixcache.offload.record import RecordMeta
-from radixcache.offload.storage import PutMeta
+from radixcache.offload import PutMeta, RecordMeta
 from radixcache.tree.recording import Recorder
 
 

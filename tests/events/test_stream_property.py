@@ -30,9 +30,8 @@ from radixcache.events import (
     WorkerEndpoint,
     ZmqEventPublisher,
 )
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
-from radixcache.offload.record import record_size
+from radixcache.offload import HostPoolConfig, LmdbStorage, StorageConfig
+from radixcache.offload.storage import record_size
 from radixcache.tiers import HostTiers, TierConfig
 from tests.events.events_testkit import sync
 from tests.radixcache.keys.idkit import assert_stored_ids_match, record_ids, reference_ids

@@ -12,8 +12,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
-from radixcache.offload.storage import ModelFingerprint
+from radixcache.offload import LmdbStorage, ModelFingerprint, StorageConfig
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import Ticket
@@ -92,11 +91,11 @@ def kit(tmp_path: Path) -> Iterator[StoreKit]:
     k.close_all()
 
 
-# -- the shared pool on real Valkey servers (tests/offload/valkey_servers.py) ------------
-from radixcache.offload.valkey_config import ValkeyConfig  # noqa: E402
-from radixcache.offload.valkey_storage import ValkeyStorage  # noqa: E402
+# -- the shared pool on real Valkey servers (tests/offload/valkey/valkey_servers.py) ------------
+from radixcache.offload import ValkeyConfig  # noqa: E402
+from radixcache.offload import ValkeyStorage  # noqa: E402
 
-from tests.offload.valkey_servers import ValkeyCluster, ValkeyServer  # noqa: E402
+from tests.offload.valkey.valkey_servers import ValkeyCluster, ValkeyServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

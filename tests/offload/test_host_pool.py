@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixcache.offload.host import HostPool, HostPoolConfig
+from radixcache.offload import HostPool, HostPoolConfig
 from radixcache.transfer.layout import KVSpec
 
 SPEC = KVSpec(num_layers=3, num_kv_heads=2, head_dim=8, dtype=torch.float16, page_size=4)

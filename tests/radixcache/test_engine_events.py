@@ -30,9 +30,8 @@ from radixcache.events import (
     WorkerEndpoint,
     ZmqEventPublisher,
 )
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
-from radixcache.offload.record import record_size
+from radixcache.offload import HostPoolConfig, LmdbStorage, StorageConfig
+from radixcache.offload.storage import record_size
 from radixcache import CacheConfig, KVSpec, Namespace, OutOfPagesError, RadixCache
 from radixcache.tiers import HostTiers, TierConfig
 from tests.events import peer_structs

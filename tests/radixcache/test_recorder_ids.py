@@ -11,8 +11,7 @@ import numpy as np
 from radixcache import CacheConfig, Namespace, RadixCache
 from radixcache.events.types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from radixcache.keys.hashing import chain_keys
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
+from radixcache.offload import HostPoolConfig, LmdbStorage, StorageConfig
 from radixcache.keys.page_keys import PageKeys
 from radixcache.recorder import EventRecorder
 from radixcache.tiers import HostTiers, TierConfig

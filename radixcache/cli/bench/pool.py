@@ -47,12 +47,10 @@ import numpy as np
 import redis
 import torch
 
-from radixcache.offload import record as rec
-from radixcache.offload.storage import ModelFingerprint
-from radixcache.offload.valkey_config import ValkeyConfig
-from radixcache.offload.valkey_link import PageConnection, PageSSLConnection
-from radixcache.offload.valkey_scratch import scratch_server
-from radixcache.offload.valkey_storage import ValkeyStorage
+from radixcache.offload.storage import record as rec
+from radixcache.offload import ModelFingerprint, ValkeyConfig, ValkeyStorage
+from radixcache.offload.valkey.link import PageConnection, PageSSLConnection
+from radixcache.offload.valkey import scratch_server
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 

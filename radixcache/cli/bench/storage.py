@@ -21,7 +21,7 @@ compares the fastest rounds (on a shared machine interference only adds time).
 
 Reads of pages in the OS page cache also time ``file_per_page_checksum``
 (the file read plus the KV checksum a record v3's read verifies,
-offload/kv_checksum.py), ``checksum_only`` (that checksum over pages already
+offload/storage/kv_checksum.py), ``checksum_only`` (that checksum over pages already
 in memory) and ``crc32_only`` (zlib's crc32 over them: what a record v2's
 read verified).
 
@@ -55,9 +55,8 @@ import torch
 
 from radixcache.cli.options import positive_int
 from radixcache.cli.parser import CliParser
-from radixcache.offload.kv_checksum import kv_checksum
-from radixcache.offload.lmdb_storage import LmdbStorage, StorageConfig
-from radixcache.offload.storage import ModelFingerprint
+from radixcache.offload.storage import kv_checksum
+from radixcache.offload import LmdbStorage, ModelFingerprint, StorageConfig
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 

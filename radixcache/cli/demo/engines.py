@@ -29,7 +29,7 @@ from radixcache.cli.demo.storage import DemoStore
 from radixcache.cli.parser import UsageError
 from radixcache.events import NullEventPublisher
 from radixcache.events.types import BlockStored, KvEvent
-from radixcache.offload.valkey_config import ValkeyConfig
+from radixcache.offload import ValkeyConfig
 from radixcache.transfer import KVSpec
 
 EXTERNAL = "EXTERNAL"  # the event medium of pages in a shared pool

@@ -19,9 +19,7 @@ from pathlib import Path
 
 from radixcache.cli.options import AUTO_POOL
 from radixcache.cli.parser import UsageError, describe
-from radixcache.offload.lmdb_storage import StorageConfig
-from radixcache.offload.storage_url import storage_config
-from radixcache.offload.valkey_config import ValkeyConfig
+from radixcache.offload import StorageConfig, ValkeyConfig, storage_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +69,7 @@ def demo_store(args: argparse.Namespace) -> Iterator[DemoStore]:
         yield DemoStore(lmdb=_lmdb(args, None), pool=None)
         return
     if args.storage == AUTO_POOL:
-        from radixcache.offload.valkey_scratch import scratch_server
+        from radixcache.offload.valkey import scratch_server
 
         with ExitStack() as stack:
             try:

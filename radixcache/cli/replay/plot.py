@@ -36,7 +36,7 @@ from radixcache.cli.parser import UsageError, describe
 from radixcache.cli.hicache_options import GB
 from radixcache.cli.replay.run import ReplayConfig, ReplayResult, replay
 from radixcache.cli.replay.trace import TraceRequest, load_trace
-from radixcache.offload.storage import StorageOpenError
+from radixcache.offload import StorageOpenError
 
 TIERS = ("device", "host", "storage")
 PLOT_HINT = "the sweep plot needs matplotlib: pip install 'radixcache[plot]' (or pass --no-plot)"

@@ -48,10 +48,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.record import page_record_size
-from radixcache.offload.lmdb_storage import StorageConfig
-from radixcache.offload.policy import make_prefetch_policy, make_write_policy
+from radixcache.offload import (
+    HostPoolConfig,
+    StorageConfig,
+    make_prefetch_policy,
+    make_write_policy,
+)
+from radixcache.offload.storage import page_record_size
 from radixcache.cache import CacheConfig, RadixCache
 from radixcache.errors import OutOfPagesError
 from radixcache.tree.policies import make_eviction_policy

@@ -11,7 +11,7 @@ import pytest
 
 from radixcache.cli import main
 from tests.radixcache.cli.clikit import SMALL_DEMO, assert_one_line_error, run_cli
-from tests.offload.valkey_servers import ValkeyServer
+from tests.offload.valkey.valkey_servers import ValkeyServer
 
 PASSWORD = "demo-pw-7f3a"
 

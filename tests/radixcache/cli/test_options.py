@@ -13,8 +13,7 @@ import pytest
 from radixcache.cli import build_parser, main
 from radixcache.cli.kv_events_config import KEYS, publisher_config
 from radixcache.events import PublisherConfig
-from radixcache.offload import policy
-from radixcache.offload.policy import prefetch_policy_names, write_policy_names
+from radixcache.offload import policy, prefetch_policy_names, write_policy_names
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE = PublisherConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")

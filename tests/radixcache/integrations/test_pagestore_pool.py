@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("redis")
 
 from radixcache.integrations.pagestore import PageStore, PageStoreConfig, RawPages  # noqa: E402
-from tests.offload.valkey_servers import ValkeyServer  # noqa: E402
+from tests.offload.valkey.valkey_servers import ValkeyServer  # noqa: E402
 
 PAGE = 4096
 

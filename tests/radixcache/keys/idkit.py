@@ -10,7 +10,7 @@ import numpy as np
 from radixcache import Namespace
 from radixcache.keys.hashing import KEY_BYTES, block_id_of_sequence, namespace_seed
 from radixcache.tree.node import Node
-from radixcache.offload.lmdb_storage import LmdbStorage
+from radixcache.offload import LmdbStorage
 from radixcache.tree.radix_tree import RadixTree
 
 

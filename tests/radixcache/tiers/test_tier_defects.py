@@ -79,13 +79,13 @@ def test_a_corrupt_record_in_the_middle_of_a_stored_prefix_is_a_short_fetch(
 def test_a_record_evicted_between_lookup_and_read_is_a_short_fetch(tmp_path: Path) -> None:
     store = tmp_path / "s"
     prompt, keys, record = _stored_prompt(store, 10)
-    from radixcache.offload.lmdb_storage import StorageConfig
+    from radixcache.offload import StorageConfig
 
     cache = make_tiered(device_pages=24, host_pages=24, storage=store)
     storage = cache.tiers.controller.storage  # type: ignore[attr-defined]
     cache.tiers.controller.storage.close()  # type: ignore[attr-defined]
     # Reopen with room for 12 records: five more evict the least recently used.
-    from radixcache.offload.lmdb_storage import LmdbStorage
+    from radixcache.offload import LmdbStorage
 
     inner = LmdbStorage(
         StorageConfig(path=store, capacity_bytes=12 * record), SPEC, storage.fingerprint
@@ -318,7 +318,7 @@ def test_a_damaged_store_is_moved_aside_and_a_fresh_one_opened(
 ) -> None:
     import os
 
-    from radixcache.offload.storage import StorageOpenError
+    from radixcache.offload import StorageOpenError
 
     store = tmp_path / "s"
     first = make_tiered(storage=store)

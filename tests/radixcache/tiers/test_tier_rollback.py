@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from radixcache import RadixCache, Request
-from radixcache.offload.policy import make_prefetch_policy
+from radixcache.offload import make_prefetch_policy
 from radixcache.tiers import HostTiers
 from tests.radixcache.tiers.test_tiers_property import ManualCopyEngine, ManualStorage
 from tests.radixcache.tiers.tierkit import assert_kv_correct, compute, make_tiered, prefill, seq
@@ -99,7 +99,7 @@ def test_a_backup_on_hit_does_not_evict_the_host_pages_the_request_loads() -> No
     while the host pool is full: making room must not drop the host-only pages
     the same request is about to load back (they were its only copy; the load
     read freed pages, or found none and raised)."""
-    from radixcache.offload.policy import make_write_policy
+    from radixcache.offload import make_write_policy
 
     cache = make_tiered(device_pages=8, host_pages=2, write_policy="write_back")
     whole = seq(0, 17)  # pages 0-3

@@ -185,8 +185,7 @@ def test_round_trip_device_host_lmdb_host_device(tmp_path: Path) -> None:
 
 
 def test_storage_under_another_model_never_hits(tmp_path: Path) -> None:
-    from radixcache.offload.host import HostPoolConfig
-    from radixcache.offload.lmdb_storage import StorageConfig
+    from radixcache.offload import HostPoolConfig, StorageConfig
     from radixcache import CacheConfig, RadixCache
     from radixcache.tiers import TierConfig
     from tests.radixcache.tiers.tierkit import SPEC
@@ -268,7 +267,7 @@ def test_corrupt_record_is_a_miss_and_is_recomputed(tmp_path: Path, offset: int)
 def test_unwritable_storage_directory_disables_the_tier_or_fails_clearly_in_strict_mode(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from radixcache.offload.storage import StorageOpenError
+    from radixcache.offload import StorageOpenError
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

@@ -34,10 +34,13 @@ from pathlib import Path
 import torch
 
 from radixcache import CacheConfig, Namespace, Node, OutOfPagesError, RadixCache, Request
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_storage import StorageConfig
-from radixcache.offload.policy import make_prefetch_policy, make_write_policy
-from radixcache.offload.record import record_size
+from radixcache.offload import (
+    HostPoolConfig,
+    StorageConfig,
+    make_prefetch_policy,
+    make_write_policy,
+)
+from radixcache.offload.storage import record_size
 from radixcache.tiers import HostTiers, TierConfig
 from tests.radixcache.tiers.manual import ManualCopyEngine, ManualStorage
 from tests.radixcache.tiers.tierkit import P, SPEC

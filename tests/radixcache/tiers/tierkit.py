@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from radixcache.offload.host import HostPoolConfig
-from radixcache.offload.lmdb_storage import StorageConfig
+from radixcache.offload import HostPoolConfig, StorageConfig
 from radixcache import CacheConfig, KVSpec, Namespace, RadixCache, Request
 from radixcache.tiers import TierConfig
 

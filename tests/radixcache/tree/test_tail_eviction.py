@@ -11,7 +11,7 @@ import torch
 from radixcache import DEFAULT_NAMESPACE as NS
 from radixcache import RadixTree, make_eviction_policy
 from radixcache.tiers.host_index import HostIndex
-from radixcache.offload.host import HostPool, HostPoolConfig
+from radixcache.offload import HostPool, HostPoolConfig
 from radixcache.tree.recording import NullRecorder
 from radixcache.transfer import KVSpec
 from radixcache.cli.replay.run import ReplayConfig, replay

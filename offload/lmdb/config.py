@@ -1,0 +1,87 @@
+"""Configuration of the LMDB storage tier: where the store lives, how big, how durable.
+
+Durability (``StorageConfig.durability``), from LMDB's documented flags:
+
+* ``"safe"``: ``sync=True, metasync=True``: each commit flushes the data and
+  then the meta page. A committed transaction survives a process kill and a
+  power loss; the store is never corrupted.
+* ``"fast"``: ``sync=True, metasync=False``: one flush per commit instead of
+  two. A process kill loses nothing committed; a system crash or power loss
+  may undo the last committed transaction, but never corrupts the store
+  (LMDB keeps atomicity and consistency). ``sync=False`` is not offered: LMDB
+  documents that a system crash can then corrupt the store unless the file
+  system preserves write order.
+
+This module imports no LMDB: ``storage_config`` builds a config without it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from radixcache.offload.storage.checks import positive_int
+
+DURABILITY_MODES = ("safe", "fast")
+OPEN_ERROR_MODES = ("recover", "strict")  # see offload/lmdb/opening.py
+_MAP_HEADROOM_BYTES = 64 << 20  # LMDB map beyond 2x capacity: meta, tree, free list
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """Configuration of the LMDB storage tier. Validated on construction."""
+
+    path: str | os.PathLike[str] = "./radixcache-data"  # directory, created if missing
+    capacity_bytes: int = 64 << 30  # limit on the stored values' bytes
+    durability: str = "safe"  # "safe" or "fast" (see the module docstring)
+    num_readers: int = 2  # reader threads (concurrent get() calls)
+    max_batch_pages: int = 256  # write jobs merged into one txn up to this many pages
+    max_batch_bytes: int = 256 << 20  # ... and up to this many record bytes
+    map_size_bytes: int | None = None  # LMDB map size; None: 2 x capacity + 64 MiB
+    # A store that cannot be opened: "recover" starts anyway (a damaged store is
+    # moved aside and a fresh one opened, or the tier is disabled); "strict"
+    # raises StorageOpenError instead (offload/lmdb/opening.py).
+    on_open_error: str = "recover"
+    # Free disk the writer leaves alone (offload/lmdb/space.py): a fixed number
+    # of bytes, or None for disk_reserve_ratio of the file system, at most 64 MiB.
+    disk_reserve_bytes: int | None = None
+    disk_reserve_ratio: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
+            raise ValueError(f"path must be a non-empty str or path, got {self.path!r}")
+        positive_int("capacity_bytes", self.capacity_bytes)
+        if self.durability not in DURABILITY_MODES:
+            raise ValueError(
+                f"durability must be one of {DURABILITY_MODES}, got {self.durability!r}"
+            )
+        positive_int("num_readers", self.num_readers)
+        positive_int("max_batch_pages", self.max_batch_pages)
+        positive_int("max_batch_bytes", self.max_batch_bytes)
+        if self.map_size_bytes is not None:
+            positive_int("map_size_bytes", self.map_size_bytes)
+        if self.on_open_error not in OPEN_ERROR_MODES:
+            raise ValueError(
+                f"on_open_error must be one of {OPEN_ERROR_MODES}, got {self.on_open_error!r}"
+            )
+        if self.disk_reserve_bytes is not None and (
+            not isinstance(self.disk_reserve_bytes, int)
+            or isinstance(self.disk_reserve_bytes, bool)
+            or self.disk_reserve_bytes < 0
+        ):
+            raise ValueError(
+                f"disk_reserve_bytes must be a non-negative int or None, "
+                f"got {self.disk_reserve_bytes!r}"
+            )
+        if not isinstance(self.disk_reserve_ratio, (int, float)) or not (
+            0 <= self.disk_reserve_ratio < 0.5
+        ):
+            raise ValueError(
+                f"disk_reserve_ratio must lie in [0, 0.5), got {self.disk_reserve_ratio!r}"
+            )
+
+    @property
+    def map_size(self) -> int:
+        """The LMDB map size, rounded up to a whole MiB."""
+        size = self.map_size_bytes or 2 * self.capacity_bytes + _MAP_HEADROOM_BYTES
+        return -(-size // (1 << 20)) << 20

@@ -1,0 +1,137 @@
+"""An open LMDB store directory: its owner lock, environment, databases and index.
+
+``LmdbEnv`` opens what ``LmdbStorage`` stands on, in order: it creates the
+directory if missing and takes its owner lock (``radixcache.lock``: one
+process has a store open at a time), opens the environment (``writemap``,
+durability flags from the config) and its three named databases, checks the
+fingerprint the store was last written for (records of another one never hit
+and age out) and rebuilds the recency index from the records' write sequence
+numbers. The reader, the writer and the storage share it; ``close`` gives
+the environment and the lock back (after they stopped).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import tempfile
+
+import lmdb
+
+from radixcache.offload.lmdb.config import StorageConfig
+from radixcache.offload.lmdb.index import RecencyIndex
+from radixcache.offload.lmdb.space import MapGate, grow_map
+from radixcache.offload.storage import ModelFingerprint, StorageOpenError
+from radixcache.offload.storage import record as rec
+
+log = logging.getLogger(__name__)
+
+
+class LmdbEnv:
+    """One store directory, opened (see the module docstring). Raises
+    ``StorageOpenError`` when it cannot be opened, holding nothing then."""
+
+    def __init__(self, config: StorageConfig, fingerprint: ModelFingerprint) -> None:
+        self.path = os.path.abspath(os.fspath(config.path))
+        self.lock_fd = self._lock_directory()
+        try:
+            self.env = self._open_env(config)
+        except BaseException:
+            os.close(self.lock_fd)
+            raise
+        self.index = RecencyIndex()  # record keys, sizes, least recently used first
+        self.gate = MapGate()  # read txns vs. the writer growing the map
+        try:
+            self.pages = self.env.open_db(b"pages")  # record key -> record
+            self.ns = self.env.open_db(b"ns", dupsort=True)  # namespace tag -> record keys
+            self.meta = self.env.open_db(b"meta")  # fingerprint, tick
+            try:
+                self.next_seq = self._load(fingerprint)  # write seq of the next record
+            except lmdb.MapFullError:  # reopened with a smaller map than the data needs
+                grow_map(self.env, self.gate)
+                self.next_seq = self._load(fingerprint)
+        except lmdb.Error as exc:
+            self.close()
+            raise StorageOpenError(f"cannot open the LMDB store in {self.path!r}: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def dbs(self) -> tuple[lmdb._Database, lmdb._Database, lmdb._Database]:
+        """Every named database (for page accounting)."""
+        return (self.pages, self.ns, self.meta)
+
+    def close(self) -> None:
+        """Close the environment and give the owner lock back."""
+        self.env.close()
+        os.close(self.lock_fd)
+
+    def _lock_directory(self) -> int:
+        """Create the directory if needed and take its owner lock; returns the lock's fd."""
+        path = self.path
+        try:
+            os.makedirs(path, exist_ok=True)
+            with tempfile.TemporaryFile(dir=path):
+                pass  # a directory LMDB cannot create its files in fails here, by name
+            fd = os.open(os.path.join(path, "radixcache.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageOpenError(
+                exc.errno, f"storage directory {path!r} is not writable: {exc.strerror or exc}"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageOpenError(
+                exc.errno,
+                f"storage directory {path!r} is already open (in this or another process)",
+            ) from exc
+        return fd
+
+    def _open_env(self, config: StorageConfig) -> lmdb.Environment:
+        path = self.path
+        try:
+            return lmdb.open(
+                path,
+                map_size=config.map_size,
+                max_dbs=3,
+                sync=True,
+                metasync=config.durability == "safe",
+                writemap=True,  # see "Write path" in offload/lmdb/storage.py
+                max_spare_txns=config.num_readers,
+            )
+        except lmdb.Error as exc:
+            raise StorageOpenError(f"cannot open the LMDB store in {path!r}: {exc}") from exc
+
+    def _load(self, fingerprint: ModelFingerprint) -> int:
+        """Check the fingerprint and rebuild the index; returns the next write seq."""
+        mine = fingerprint.describe().encode()
+        prefix = fingerprint.digest()
+        entries: list[tuple[int, bytes, int]] = []
+        foreign = 0
+        with self.env.begin(write=True, buffers=True) as txn:
+            seen = txn.get(b"fingerprint", db=self.meta)
+            if seen is not None and bytes(seen) != mine:
+                log.warning(
+                    "storage %s was last written for %s; this process is %s: "
+                    "records of another fingerprint never hit and age out",
+                    self.path,
+                    bytes(seen).decode(errors="replace"),
+                    mine.decode(),
+                )
+            txn.put(b"fingerprint", mine, db=self.meta)
+            for key, value in txn.cursor(db=self.pages):
+                seq = rec.read_seq(value)
+                entries.append((-1 if seq is None else seq, bytes(key), len(value)))
+                foreign += not bytes(key).startswith(prefix)
+        self.index.load(entries)
+        if foreign:
+            log.info(
+                "storage %s: %d of %d records belong to another fingerprint",
+                self.path,
+                foreign,
+                len(entries),
+            )
+        return max((seq for seq, _k, _s in entries), default=-1) + 1

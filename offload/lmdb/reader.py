@@ -1,0 +1,46 @@
+"""The LMDB read transport: stored values straight from the memory map.
+
+    get(keys) --> PageReader (offload/storage/reader.py), on a pool thread:
+                    _values: one read txn for the whole read (MVCC: never
+                    waits for the writer), each key's value as a zero-copy
+                    view of the map; the base verifies it and copies the KV
+                    bytes into the host page (numpy, straight from the map:
+                    no bytes object), then checksums the copy
+                  _served: the hits are touched in the recency index
+
+The read transaction and the ``MapGate`` are held exactly while the base
+uses the values: the generator is closed at the first miss or failed check,
+so the writer never replaces the memory map under a page being copied. An
+LMDB error fails the ticket (the base's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import numpy as np
+import numpy.typing as npt
+
+from radixcache.offload.lmdb.env import LmdbEnv
+from radixcache.offload.storage import JobWriter, PageReader, ReadJob, StoredValue
+
+
+class LmdbReader(PageReader):
+    """Serves ``get`` on ``num_readers`` threads, from one environment."""
+
+    def __init__(self, store: LmdbEnv, writer: JobWriter, *, num_readers: int) -> None:
+        super().__init__(writer, num_readers=num_readers, thread_name="radixcache-lmdb-read")
+        self._env = store.env
+        self._pages = store.pages  # record key -> record
+        self._gate = store.gate  # held shared by every read transaction
+        self._index = store.index  # recency: hits are touched
+
+    def _values(
+        self, job: ReadJob, host_bytes: npt.NDArray[np.uint8]
+    ) -> Generator[StoredValue, None, None]:
+        with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
+            for rkey in job.keys:
+                yield txn.get(rkey)
+
+    def _served(self, keys: list[bytes]) -> None:
+        self._index.touch(keys)

@@ -1,0 +1,237 @@
+"""The LMDB write transport: each step of the writer thread is one transaction.
+
+LMDB admits one write transaction at a time, so every mutation of the store
+(puts, deletes, namespace forgets, evictions, removal of corrupt records) is
+a job on the one queue of the shared writer thread (offload/storage/writer.py),
+which merges whatever waits, up to a page budget, into one step. Here a step
+runs as ONE write transaction (offload/lmdb/txn.py): one commit and one sync
+for all of it.
+
+Order of effects after a commit (the owner relies on it, see
+offload/storage/contract.py)::
+
+    commit -> index updated -> tickets finished -> removed keys published
+
+so a key's removal is published only after the ticket that stored it finished.
+
+Room: records beyond ``capacity_bytes`` are evicted, least recently used
+first, in the same transaction that adds new ones. A full LMDB map or a nearly
+full disk (offload/lmdb/space.py) is met by evicting more (and growing the map);
+if that cannot help, the step fails. A failing transaction is aborted and
+fails every ticket of its step (the shared writer's contract).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import lmdb
+
+from radixcache.offload.lmdb.config import StorageConfig
+from radixcache.offload.lmdb.env import LmdbEnv
+from radixcache.offload.lmdb.space import DiskReserve, disk_room, grow_map, preallocate
+from radixcache.offload.lmdb.txn import Txn, TxnBody, TxnEffects
+from radixcache.offload.storage import (
+    Counters,
+    DeleteJob,
+    JobWriter,
+    PutJob,
+    RemovalLog,
+    StorageError,
+    WriteJob,
+)
+
+_MAP_FULL_RETRIES = 4  # evict-and-retry rounds when the LMDB map is full
+
+
+class LmdbWriter(JobWriter):
+    """Owns the write side of one LMDB environment, on the shared writer thread."""
+
+    def __init__(
+        self,
+        where: str,
+        counters: Counters,
+        removals: RemovalLog,
+        store: LmdbEnv,
+        config: StorageConfig,
+        prefix: bytes,
+        record_bytes: int,
+    ) -> None:
+        """``prefix``: this fingerprint's record-key prefix; ``record_bytes``:
+        the size of one tree page's record (for the batch's page budget)."""
+        self._env = store.env
+        self._path = store.path  # the environment's directory (for disk-space checks)
+        self._dbs = store.dbs  # every named database (for page accounting)
+        self._gate = store.gate  # readers hold it shared; a map resize takes it alone
+        self._index = store.index
+        self._body = TxnBody(store, next_seq=store.next_seq)
+        self._reserve = DiskReserve(config.disk_reserve_bytes, config.disk_reserve_ratio)
+        self._prefix = prefix
+        self._capacity = config.capacity_bytes
+        self._last_freed = 0  # bytes the last commit freed: not reusable by the next one
+        self._data_fd = os.open(os.path.join(self._path, "data.mdb"), os.O_RDWR)  # preallocate()
+        batch_pages = max(1, min(config.max_batch_pages, config.max_batch_bytes // record_bytes))
+        super().__init__(
+            where, counters, removals, merge_pages=batch_pages, thread_name="radixcache-lmdb-write"
+        )
+
+    def close(self) -> None:
+        """Run every job queued so far, then stop the thread."""
+        super().close()
+        os.close(self._data_fd)
+
+    def _run_batch(self, batch: list[WriteJob]) -> None:
+        effects = self._commit_making_room(batch)
+        self._publish(effects, batch)
+
+    def _publish(self, effects: TxnEffects, batch: list[WriteJob]) -> None:
+        """Make a committed transaction visible (see the order in the module doc)."""
+        self._last_freed = effects.freed
+        self._index.apply(effects.added, effects.dropped)
+        if effects.touched:
+            self._index.touch(effects.touched)
+        self._counters.add(
+            puts=effects.written,
+            put_skipped=effects.skipped,
+            write_txns=1,
+            evicted=effects.evicted,
+            deleted=effects.deleted,
+        )
+        for job in batch:
+            if job.ticket is not None:
+                job.ticket.finish(job.result)
+        cut = len(self._prefix)
+        mine = [rkey[cut:] for rkey in effects.removed if rkey.startswith(self._prefix)]
+        if mine:
+            self._removals.removed(mine)
+
+    # -- making room ------------------------------------------------------------
+    # LMDB reuses the pages a transaction frees only two commits later (the
+    # previous snapshot may still be read). So after evicting for room, one
+    # small extra commit (a "tick") makes the freed pages usable at once.
+
+    def _commit_making_room(self, batch: list[WriteJob]) -> TxnEffects:
+        self._ensure_disk_room(batch)
+        for _ in range(_MAP_FULL_RETRIES):
+            try:
+                return self._commit(batch)
+            except lmdb.MapFullError:
+                self._counters.add(map_full=1)
+                keep = _put_keys(batch)
+                self._evict_for_room(max(_put_bytes(batch), self._index.nbytes // 10), keep)
+        raise StorageError(
+            f"the LMDB map is still full after {_MAP_FULL_RETRIES} rounds of eviction"
+        )
+
+    def _ensure_disk_room(self, batch: list[WriteJob]) -> None:
+        """Refuse (fail the batch) rather than let a write into the sparse,
+        memory-mapped data file meet a full disk: that is a SIGBUS, not an
+        error. Evicts least recently used records first if that makes room."""
+        keep = _put_keys(batch)
+        incoming = self._incoming(batch)
+        if not incoming:
+            return
+        reserve = self._reserve.bytes(self._path)
+        room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
+        evicted = 0
+        short = incoming - room
+        if short > 0 and sum(size for _k, size in self._index.oldest(short, keep)) >= short:
+            evicted = self._evict_for_room(short, keep)
+            room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
+        if room < incoming and self._last_freed:
+            # Pages the last commit freed become reusable after one more commit.
+            self._publish(self._write_growing(self._body.tick), [])
+            room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
+        if room < incoming:
+            raise StorageError(
+                f"the disk of {self._path!r} is nearly full: room for {max(room, 0)} B of "
+                f"{incoming} B to write, after evicting {evicted} records; {reserve} B of "
+                f"free disk are kept in reserve ({self._reserve.describe()})"
+            )
+        try:
+            preallocate(self._data_fd, self._env, incoming)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot reserve {incoming} B on the disk of {self._path!r}: {exc}"
+            ) from exc
+
+    def _incoming(self, batch: list[WriteJob]) -> int:
+        """Bytes of the records a batch would add (keys not stored yet)."""
+        seen: set[bytes] = set()
+        total = 0
+        for job in batch:
+            if isinstance(job, PutJob):
+                for i, rkey in enumerate(job.keys):
+                    if rkey not in self._index and rkey not in seen:
+                        seen.add(rkey)
+                        total += job.record_bytes(i)
+        return total
+
+    def _evict_for_room(self, need: int, keep: set[bytes]) -> int:
+        """Evict least recently used records (not in ``keep``) worth ``need``
+        bytes, then tick so their pages can be reused. When the map is too full
+        even to delete, or there is nothing to evict, grow the map. Returns the
+        number of records evicted."""
+        victims = self._index.oldest(need, keep)
+        if not victims:
+            grow_map(self._env, self._gate)
+            return 0
+        effects = self._write_growing(lambda txn: self._body.evict(txn, victims))
+        self._publish(effects, [])
+        self._publish(self._write_growing(self._body.tick), [])
+        return effects.evicted
+
+    def _write_growing(self, body: Callable[[Txn], TxnEffects]) -> TxnEffects:
+        """Run ``body`` in one write transaction; if the map is full, grow it once and rerun."""
+        try:
+            with self._env.begin(write=True, buffers=True) as txn:
+                return body(txn)
+        except lmdb.MapFullError:
+            grow_map(self._env, self._gate)
+        with self._env.begin(write=True, buffers=True) as txn:
+            return body(txn)
+
+    def _commit(self, batch: list[WriteJob]) -> TxnEffects:
+        """Run ``batch`` in one write transaction, evicting for capacity first; commit."""
+        effects = TxnEffects()
+        for job in batch:
+            job.result = 0
+        keep = _put_keys(batch)
+        incoming = self._incoming(batch)
+        excess = self._index.nbytes + incoming - self._capacity
+        victims = self._index.oldest(excess, keep) if excess > 0 else []
+        body = self._body
+        txn = self._env.begin(write=True, buffers=True)
+        try:
+            freed = 0
+            for rkey, size in victims:
+                if body.remove(txn, rkey, effects):
+                    effects.evicted += 1
+                freed += size
+            budget = self._capacity - (self._index.nbytes - freed)
+            for job in batch:
+                if isinstance(job, PutJob):
+                    budget = body.put(txn, job, effects, budget)
+                elif isinstance(job, DeleteJob):
+                    for rkey in job.keys:
+                        job.result += body.remove(txn, rkey, effects)
+                    if job.ticket is not None:
+                        effects.deleted += job.result
+                else:
+                    body.forget(txn, job, effects)
+        except BaseException:
+            txn.abort()
+            raise
+        txn.commit()
+        return effects
+
+
+def _put_bytes(batch: list[WriteJob]) -> int:
+    return sum(
+        job.record_bytes(i) for job in batch if isinstance(job, PutJob) for i in range(len(job.keys))
+    )
+
+
+def _put_keys(batch: list[WriteJob]) -> set[bytes]:
+    return {rkey for job in batch if isinstance(job, PutJob) for rkey in job.keys}

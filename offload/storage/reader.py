@@ -1,0 +1,138 @@
+"""The read path every backend shares: fetch, verify, copy into the destination pages.
+
+    get(keys) --> reader pool (num_readers threads), per read:
+                    values = the backend's _values(job)    lazily, in key order
+                    for each value, in order:
+                        None: a miss, stop
+                        verify it and copy its KV bytes into the host page
+                        (record.read_into: the key, namespace tag, token ids,
+                        lengths, then the checksum of the copy)
+                        failed: corrupt, stop
+                  then: _served(hits) (e.g. recency), queue the deletion of
+                  a corrupt record on the writer, count, finish the ticket
+
+A ticket always finishes. What a backend supplies (its transport):
+
+* ``_values(job, host_bytes)``: a generator of the stored values of
+  ``job.keys``, in order: ``None`` for a key not stored, else the record
+  (``bytes`` or a ``memoryview``, e.g. a zero-copy view of a memory map).
+  It runs on a reader thread, and is closed as soon as the read stops, so a
+  ``with`` block inside it (a read transaction) lasts exactly as long as
+  the values are used. Raising ``StorageUnavailable`` (the store was lost)
+  ends the read short: the pages served so far, a miss for the rest.
+* optionally ``_verify`` (a backend that receives the KV bytes straight into
+  the host page verifies them there), ``_served`` (hits, e.g. to touch a
+  recency index) and ``_read_failed`` (what any other error means: by
+  default the ticket fails with a ``StorageError``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import numpy.typing as npt
+
+from radixcache.offload.storage import record
+from radixcache.offload.storage.contract import StorageError, StorageUnavailable
+from radixcache.offload.storage.jobs import DeleteJob, ReadJob
+from radixcache.offload.storage.writer import JobWriter
+
+log = logging.getLogger(__name__)
+
+StoredValue = bytes | memoryview | None  # a record as the transport returns it; None: not stored
+Page = npt.NDArray[np.uint8]  # one host page's bytes
+
+
+class PageReader:
+    """Serves ``get`` on ``num_readers`` threads (see the module docstring)."""
+
+    def __init__(self, writer: JobWriter, *, num_readers: int, thread_name: str) -> None:
+        self._writer = writer  # deletes records that fail verification
+        self._where = writer.where  # the store, for messages
+        self._counters = writer.counters  # the store's counters
+        self._pool = ThreadPoolExecutor(num_readers, thread_name_prefix=thread_name)
+        self.unavailable = 0  # reads cut short because the store was unreachable
+
+    def submit(self, job: ReadJob) -> None:
+        """Read ``job`` on a pool thread; its ticket gets the leading pages served."""
+        self._pool.submit(self._read, job)
+
+    def close(self) -> None:
+        """Finish every submitted read, then stop the threads."""
+        self._pool.shutdown(wait=True)
+
+    # -- the transport (a backend's) ---------------------------------------------
+    def _values(
+        self, job: ReadJob, host_bytes: npt.NDArray[np.uint8]
+    ) -> Generator[StoredValue, None, None]:
+        """The stored values of ``job.keys``, in order (see the module docstring)."""
+        raise NotImplementedError
+
+    def _verify(self, value: StoredValue, dst: Page, job: ReadJob, i: int) -> bool:
+        """Verify ``value``, the record of ``job``'s page ``i`` (its key, the
+        namespace tag, its token ids, the lengths), and copy its KV bytes into
+        ``dst``, the host page, checking the checksum of that copy."""
+        return isinstance(value, (bytes, memoryview)) and record.read_into(
+            value, key=job.keys[i], ns_tag=job.ns_tag, tokens=job.token_row(i), dst=dst
+        )
+
+    def _served(self, keys: list[bytes]) -> None:
+        """The records of ``keys`` (record keys) were served: a hook, e.g. for recency."""
+
+    def _read_failed(self, job: ReadJob, exc: Exception) -> None:
+        """A read raised ``exc`` (not ``StorageUnavailable``): fail its ticket."""
+        job.ticket.fail(StorageError(f"{self._where} read failed: {exc!r}"))
+
+    # -- the shared path ---------------------------------------------------------
+    def _read(self, job: ReadJob) -> None:
+        n = len(job.keys)
+        try:
+            served, corrupt = self._read_pages(job)
+        except _ShortRead as cut:  # those pages were read and verified
+            self.unavailable += 1
+            self._counters.add(failed_ops=1, hits=cut.served, misses=n - cut.served)
+            job.ticket.finish(cut.served)
+            return
+        except Exception as exc:  # nothing escapes the thread, no ticket hangs
+            self._counters.add(failed_ops=1)
+            self._read_failed(job, exc)
+            return
+        if served:
+            self._served(job.keys[:served])
+        if corrupt is not None:  # its removal is published once the delete ran
+            key = job.keys[corrupt]
+            log.warning("%s: record %s failed verification; deleting it", self._where, key.hex())
+            self._writer.submit(DeleteJob([key], None))
+        self._counters.add(hits=served, misses=n - served, corrupt=corrupt is not None)
+        job.ticket.finish(served)
+
+    def _read_pages(self, job: ReadJob) -> tuple[int, int | None]:
+        """Returns (leading pages served, index of a record that failed its
+        checks). Raises ``_ShortRead`` when the transport lost the store."""
+        host_bytes = job.host.as_bytes()
+        pages = job.host_pages
+        served = 0
+        values = self._values(job, host_bytes)
+        try:
+            for value in values:
+                if value is None:  # not stored (evicted, expired, never written)
+                    return served, None
+                if not self._verify(value, host_bytes[pages[served]], job, served):
+                    return served, served
+                served += 1
+        except StorageUnavailable as exc:
+            raise _ShortRead(served) from exc
+        finally:
+            values.close()  # ends the transport's hold (e.g. its read transaction)
+        return served, None
+
+
+class _ShortRead(StorageUnavailable):
+    """The store went away after ``served`` leading pages were read."""
+
+    def __init__(self, served: int) -> None:
+        super().__init__(f"store lost after {served} pages")
+        self.served = served

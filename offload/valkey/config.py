@@ -1,0 +1,137 @@
+"""Configuration of the shared pool on Valkey: server URL, credentials, TLS, limits.
+
+URL forms (``valkeys://`` and ``rediss://`` use TLS)::
+
+    valkey://[user[:password]@]host[:port][/db][?cluster=true]
+    redis://...   rediss://...   valkeys://...
+
+A password may come in the URL or in ``password``; either way it is kept out
+of ``repr()``, ``describe()``, log lines and error messages (``describe()``
+shows the URL with the password replaced by ``***``). A cluster is named by
+one of its nodes (the client discovers the others) and ``?cluster=true``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from radixcache.offload.storage.checks import positive_float, positive_int
+
+SCHEMES = {"valkey": False, "redis": False, "valkeys": True, "rediss": True}  # -> TLS
+DEFAULT_PORT = 6379
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class ValkeyConfig:
+    """Where the pool is and how this process uses it. Validated on construction.
+
+    Build it with ``ValkeyConfig.from_url(url, ...)``: the URL's parts land in
+    the fields below (a password in the URL moves to ``password``).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    db: int = 0  # database number (a cluster has only 0)
+    cluster: bool = False  # the server is one node of a Valkey cluster
+    tls: bool = False  # valkeys:// or rediss://
+    username: str | None = None  # ACL user (None: the default user)
+    password: str | None = field(default=None, repr=False)  # never shown
+    tls_ca_file: str | None = None  # CA bundle to verify the server with
+    tls_cert_file: str | None = None  # client certificate (mutual TLS)
+    tls_key_file: str | None = None  # its private key
+    socket_timeout_s: float = 1.0  # one command's reply; past it, the pool counts as down
+    connect_timeout_s: float = 0.5  # opening a connection
+    retry_after_s: float = 1.0  # after a failure, lookups answer "nothing" this long
+    ttl_s: int | None = 7 * 24 * 3600  # records' time to live (None: none); see the README
+    key_prefix: bytes = b"rxkv:"  # every key this library writes starts with it
+    num_readers: int = 2  # threads serving get()
+    batch_pages: int = 64  # pages per pipeline (bounds the bytes in flight per call)
+    lookup_first_round: int = 64  # pages asked in a lookup's first round trip
+    observe_removals: bool = True  # subscribe to keyspace events where the server sends them
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be a non-empty str, got {self.host!r}")
+        if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 < self.port < 65536:
+            raise ValueError(f"port must be an int in [1, 65535], got {self.port!r}")
+        if not isinstance(self.db, int) or isinstance(self.db, bool) or self.db < 0:
+            raise ValueError(f"db must be a non-negative int, got {self.db!r}")
+        if self.cluster and self.db != 0:
+            raise ValueError(f"a Valkey cluster has only database 0, got db={self.db}")
+        for name in ("username", "password", "tls_ca_file", "tls_cert_file", "tls_key_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a str or None, got {type(value).__name__}")
+        positive_float("socket_timeout_s", self.socket_timeout_s)
+        positive_float("connect_timeout_s", self.connect_timeout_s)
+        positive_float("retry_after_s", self.retry_after_s)
+        if self.ttl_s is not None:
+            positive_int("ttl_s", self.ttl_s)
+        if not isinstance(self.key_prefix, bytes) or not 0 < len(self.key_prefix) <= 32:
+            raise ValueError(f"key_prefix must be 1 to 32 bytes, got {self.key_prefix!r}")
+        positive_int("num_readers", self.num_readers)
+        positive_int("batch_pages", self.batch_pages)
+        positive_int("lookup_first_round", self.lookup_first_round)
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: object) -> ValkeyConfig:
+        """Parse ``url`` (see the module docstring); ``overrides`` set other fields.
+
+        Raises ValueError naming the problem; the message never contains the
+        password.
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"a pool URL must be a str, got {type(url).__name__}")
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        shown = redact_url(url)
+        if scheme not in SCHEMES:
+            raise ValueError(f"pool URL {shown!r}: scheme must be one of {sorted(SCHEMES)}")
+        try:
+            port = parts.port or DEFAULT_PORT
+        except ValueError:
+            raise ValueError(f"pool URL {shown!r}: the port is not a number in [0, 65535]") from None
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            raise ValueError(f"pool URL {shown!r}: the path must be a database number")
+        fields: dict[str, object] = {
+            "host": parts.hostname or "127.0.0.1",
+            "port": port,
+            "db": int(path) if path else 0,
+            "tls": SCHEMES[scheme],
+            "username": unquote(parts.username) if parts.username else None,
+            "password": unquote(parts.password) if parts.password is not None else None,
+        }
+        for name, values in parse_qs(parts.query).items():
+            if name != "cluster":
+                raise ValueError(f"pool URL {shown!r}: unknown option {name!r} (known: cluster)")
+            value = values[-1].lower()
+            if value not in _TRUE | _FALSE:
+                raise ValueError(f"pool URL {shown!r}: cluster must be true or false, got {value!r}")
+            fields["cluster"] = value in _TRUE
+        fields.update(overrides)
+        return cls(**fields)  # type: ignore[arg-type]
+
+    def with_password(self, password: str | None) -> ValkeyConfig:
+        return replace(self, password=password)
+
+    def describe(self) -> str:
+        """The pool's URL for messages: the password (if any) shown as ``***``."""
+        scheme = "valkeys" if self.tls else "valkey"
+        user = self.username or ""
+        auth = f"{user}:***@" if self.password is not None else (f"{user}@" if user else "")
+        tail = "?cluster=true" if self.cluster else f"/{self.db}"
+        return f"{scheme}://{auth}{self.host}:{self.port}{tail}"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
