@@ -104,8 +104,7 @@ class RadixCache:
         Raises TypeError / ValueError for bad ``tokens``, ``namespace`` or
         ``priority``, CacheClosedError after ``close()``; nothing changed.
         """
-        if self._refusal is not None:
-            raise self._closed_error()
+        self._check_open()
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
         if type(priority) is not int:
@@ -143,8 +142,7 @@ class RadixCache:
         counted. Raises TypeError / ValueError for bad arguments,
         CacheClosedError after ``close()``.
         """
-        if self._refusal is not None:
-            raise self._closed_error()
+        self._check_open()
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
         arr = as_tokens(tokens, "prompt")
@@ -179,7 +177,7 @@ class RadixCache:
         if type(num_tokens) is not int or num_tokens < 0:
             raise ValueError(f"{what} takes a non-negative int, got {num_tokens!r}")
         if what == "commit":
-            self._check_commit(req, num_tokens)
+            req.check_commit(num_tokens)
         if req.pending:
             self.tiers.resolve(req)
 
@@ -211,26 +209,6 @@ class RadixCache:
         full = end // self.page_size
         if full > req.shared_pages:
             self._insert(req, full)
-
-    def _check_commit(self, req: Request, num_tokens: int) -> None:
-        if num_tokens and req.pending:
-            # The prefetch policy may give loads up and move num_computed back
-            # under the positions the runner wrote: reserve settles it first.
-            raise RequestStateError(
-                f"request {req.rid} has loads pending: reserve() it first (which applies "
-                f"the prefetch policy), then write and commit"
-            )
-        end = req.num_computed + num_tokens
-        if end > req.reserved_tokens:
-            raise ValueError(
-                f"commit of {num_tokens} tokens reaches position {end}, "
-                f"but only {req.reserved_tokens} were reserved"
-            )
-        if end > req.num_tokens:
-            raise ValueError(
-                f"commit of {num_tokens} tokens reaches position {end}, "
-                f"but the request has {req.num_tokens} tokens; extend() it first"
-            )
 
     def _insert(self, req: Request, full: int) -> None:
         if self._forgets and not req.may_insert(self._forgets.get(req.namespace, 0)):

@@ -28,7 +28,7 @@ from typing import Any
 
 ExtraKey = str | bytes | int
 
-MAX_INFO_BYTES = 4096  # to_info() must fit a storage record's info (radixcache.offload.record)
+MAX_INFO_BYTES = 4096  # to_info() must fit a storage record's info (radixcache.offload.storage.record)
 ID_LIMIT = 2**63  # lora_id is in [0, 2**63), like block hashes (u64 and i64 readers agree)
 INT64_MIN, INT64_LIMIT = -(2**63), 2**63  # extra-key ints: what msgpack and int64 readers share
 

@@ -296,6 +296,12 @@ class HostTiers:
         if self.storage_state != "disabled":
             self.forgets.delete(namespace)
 
+    def busy(self) -> bool:
+        """Jobs in flight (or stores deferred by an eviction): what settling
+        or draining could finish. Without them an allocation that is short
+        fails at once, changing nothing."""
+        return bool(self.controller.in_flight or self._deferred_stores)
+
     def settle_copies(self) -> bool:
         """Wait for the device<->host copies in flight (they pin device pages)
         and apply every finished job; True if any job finished."""

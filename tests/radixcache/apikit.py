@@ -56,7 +56,8 @@ class Snapshot:
     events: tuple[Any, ...]  # the events recorded and not taken
     device_pool: bytes  # allocated device page ids
     host_pool: bytes | None  # allocated host page ids
-    tiers: tuple[Any, ...]  # tier counters, jobs in flight, forgets
+    tiers: tuple[Any, ...]  # tier counters, jobs, host pages, forgets owed
+    busy: bool  # jobs in flight or stores deferred (what a short allocation may apply)
     cache_state: tuple[Any, ...]  # next request id, forgets, refusal, clock
 
 
@@ -91,6 +92,7 @@ def take_snapshot(cache: RadixCache) -> Snapshot:
     t: Any = cache.tiers
     tiers: tuple[Any, ...] = ()
     host: bytes | None = None
+    busy = False
     if hasattr(t, "controller"):
         c = t.controller.counters
         # (not the store's own counters: a deletion a forget still owes runs
@@ -101,9 +103,10 @@ def take_snapshot(cache: RadixCache) -> Snapshot:
             tuple(id(n) for n in t._deferred_stores), len(getattr(t.controller.storage, "pending", ())),
         )
         host = t.host.allocated_ids().tobytes()
+        busy = t.busy()
     stats = stats_snapshot(cache.counters, len(cache._live), cache.pool, tree)
     return Snapshot(
-        stats, nodes, requests, events, cache.pool.allocated_ids().tobytes(), host, tiers,
+        stats, nodes, requests, events, cache.pool.allocated_ids().tobytes(), host, tiers, busy,
         (cache._next_rid, dict(cache._forgets), cache._refusal, tree.tick, tree.node_count),
     )
 

@@ -185,3 +185,31 @@ def test_a_forked_child_cannot_submit_copies_to_its_parents_engine() -> None:
     cache.drain()
     assert cache.tier_stats().host_cached_pages == 2  # type: ignore[union-attr]
     cache.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_cache_that_forked_a_helper_reopens_its_store_after_close(tmp_path: Path) -> None:
+    """The issue's case end to end: a runner forks a helper (which keeps
+    running), closes its cache, and builds a new one on the same store: in
+    strict mode that raised "already open", in recover mode the tier was
+    silently disabled."""
+    cache = make_tiered(storage=tmp_path / "s", on_open_error="strict")
+    prefill(cache, seq(0, 17))
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the helper: idles with every descriptor it inherited
+        select.select([go_r], [], [], 60)
+        os._exit(0)
+    os.close(go_r)
+    try:
+        cache.close()
+        for mode in ("strict", "recover"):
+            again = make_tiered(storage=tmp_path / "s", on_open_error=mode)
+            assert again.tier_stats().storage_state == "opened"  # type: ignore[union-attr]
+            req = again.admit(seq(0, 17))
+            assert req.hit_storage == 16
+            again.close()
+    finally:
+        os.write(go_w, b"x")
+        os.close(go_w)
+        os.waitpid(pid, 0)

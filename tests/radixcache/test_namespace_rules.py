@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from radixcache import Namespace
 from radixcache.events import BatchEncoder, BlockStored, check_events, decode_batch
-from radixcache.offload.record import MAX_INFO_BYTES as RECORD_INFO_BYTES
+from radixcache.offload.storage.record import MAX_INFO_BYTES as RECORD_INFO_BYTES
 from radixcache.recorder import EventRecorder
 from tests.events.peer_structs import SGLANG, VLLM
 from tests.radixcache.bigints import HUGE, unmark
