@@ -289,7 +289,9 @@ class HostTiers:
     def forget(self, namespace: Namespace) -> None:
         """Jobs in flight for ``namespace`` land nowhere; its records leave
         storage before this returns (stores of it in flight finish first, then
-        the owner waits for the deletion, so no later lookup finds them)."""
+        the owner waits for the deletion, so no later lookup finds them). If
+        storage cannot delete them, the deletion is owed: the namespace is
+        not fetched until a ``poll`` retried it successfully (``Forgets``)."""
         self.forgets.bump(namespace)
         for job in list(self.jobs):
             job.before_forget(namespace)
