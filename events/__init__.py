@@ -47,9 +47,19 @@ Restarts
     an engine is (re-)established; ``EventSubscriber`` does, which makes an
     idle restart visible within the reconnect interval.
 
+Robustness
+    A record ``publish`` refuses (not a well-formed record) raises at once
+    in the caller. An event that passes those checks but still cannot be
+    encoded (a value out of msgpack's range) is dropped alone on the
+    publisher thread and counted in ``encode_errors``; the rest of its
+    batch is sent, live and on replay. The cache cannot produce such an
+    event: its namespaces are checked for the wire when they are built.
+
 Threads
     ``ZmqEventPublisher.publish`` is called by the cache's owner thread and
     never blocks; a publisher thread owns the sockets, encodes and sends.
+    In a child forked from the publisher's process (where that thread does
+    not exist) ``publish`` raises RuntimeError.
     ``EventSubscriber`` runs on the caller's thread through ``poll`` (or on a
     background thread after ``start``) and applies batches to a ``KvIndex``,
     which answers, per worker, how many leading blocks of a request sit on

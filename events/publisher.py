@@ -94,7 +94,7 @@ class PublisherStats:
     sent: int  # handed to the PUB socket (ZMQ may still drop for a slow peer)
     replay_requests: int  # replay requests received
     replayed: int  # batches sent in answer to replay requests
-    encode_errors: int  # batches that failed to encode (never sent)
+    encode_errors: int  # events that failed to encode: each dropped alone, the rest of its batch sent
     replay_bytes: int = 0  # payload bytes sent in answer to replay requests
     replays_dropped: int = 0  # replays abandoned (superseded, stalled or over the client limit)
 

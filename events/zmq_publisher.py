@@ -44,6 +44,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
@@ -66,7 +67,8 @@ class ZmqEventPublisher:
     The constructor binds both endpoints (raising ``BindError`` naming the
     endpoint if one is in use) and publishes ``[AllBlocksCleared()]`` as its
     first batch (number ``first_seq``), so a consumer drops what it believed
-    about a previous incarnation.
+    about a previous incarnation. In a child forked from the process that
+    built it, ``publish`` raises RuntimeError and ``close`` does nothing.
     """
 
     _LINGER_MS = 1  # how long the thread waits for more work before sleeping
@@ -84,6 +86,9 @@ class ZmqEventPublisher:
         self._dropped = 0
         self._forced_drops = 0  # test hook: next N publishes act as if the queue were full
         self._closing = False
+        self._pid = os.getpid()  # the process whose thread sends
+        self._forked = False  # set in a forked child: publish refuses, close touches nothing
+        _publishers.add(self)
         self._sleeping = False  # the thread waits in poll(); publish() must wake it
         # Written by the thread only:
         self._sent = 0
@@ -132,9 +137,16 @@ class ZmqEventPublisher:
         """Publish one batch; ``[]`` is a no-op.
 
         Raises ValueError for a record that cannot go on the wire and
-        RuntimeError after ``close``. Never blocks: when the queue is full the
-        batch is dropped from the live stream (counted) but stays replayable.
+        RuntimeError after ``close`` or in a forked child. Never blocks: when
+        the queue is full the batch is dropped from the live stream (counted)
+        but stays replayable.
         """
+        if self._forked:
+            raise RuntimeError(
+                f"this event publisher was created in process {self._pid}; process "
+                f"{os.getpid()} is a child forked from it, where its thread and sockets do "
+                f"not exist: create a new publisher here"
+            )
         if not events:
             return
         check_events(events)
@@ -183,8 +195,11 @@ class ZmqEventPublisher:
     def close(self) -> None:
         """Send what is queued, wait up to ``close_linger_ms`` for the wire, stop.
 
-        Idempotent. Later publishes raise RuntimeError.
+        Idempotent. Later publishes raise RuntimeError. In a forked child it
+        does nothing (the thread and the sockets are the parent's).
         """
+        if self._forked:
+            return
         with self._lock:
             already = self._closing
             self._closing = True
@@ -320,14 +335,38 @@ class ZmqEventPublisher:
                 replays.take_requests(router)
 
     def _payload(self, entry: BufferedBatch, encoder: BatchEncoder) -> bytes | None:
+        """The batch's payload, encoded once (live and replay send the same
+        bytes). An event that cannot be encoded costs only itself: the
+        batch is encoded again without it (the cost falls on the failing
+        batch alone)."""
         if entry.payload is None and entry.events is not None:
             try:
                 entry.payload = encoder.encode(entry.events, entry.ts, self._config.dp_rank)
             except Exception:
-                self._encode_errors += 1
-                logger.exception("cannot encode event batch %d; it is never sent", entry.seq)
+                entry.payload = self._encode_each(entry, encoder)
             entry.events = None
         return entry.payload
+
+    def _encode_each(self, entry: BufferedBatch, encoder: BatchEncoder) -> bytes | None:
+        """The payload of ``entry``'s events less those that cannot be
+        encoded, each dropped and counted (``encode_errors``) alone; None if
+        none is left (the batch's sequence number is then a gap, as a
+        batch may never be empty)."""
+        assert entry.events is not None
+        dp_rank = self._config.dp_rank
+        kept: list[KvEvent] = []
+        for i, event in enumerate(entry.events):
+            try:
+                encoder.encode([event], entry.ts, dp_rank)
+            except Exception as exc:
+                self._encode_errors += 1
+                logger.error(
+                    "event %d of batch %d (%s) cannot be encoded, dropped alone: %r",
+                    i, entry.seq, type(event).__name__, exc,
+                )
+            else:
+                kept.append(event)
+        return encoder.encode(kept, entry.ts, dp_rank) if kept else None
 
     def _window(self, cursor: int, count: int) -> tuple[int, list[BufferedBatch]]:
         """The replay buffer's first sequence number, and up to ``count``
@@ -336,3 +375,18 @@ class ZmqEventPublisher:
             first = self._replay[0].seq if self._replay else self._seq.next
             start = max(cursor, first) - first
             return first, list(islice(self._replay, start, start + count))
+
+
+_publishers: weakref.WeakSet[ZmqEventPublisher] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no publisher thread: its publishers refuse to
+    publish, close without touching the parent's sockets, and get a fresh
+    lock (the parent's thread may have held the old one at the fork)."""
+    for publisher in list(_publishers):
+        publisher._lock = threading.Lock()
+        publisher._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

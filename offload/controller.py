@@ -7,6 +7,13 @@ job carries its ``owner``, the caller's object that applies the result
 (residency, locks, events) in ``owner.finish(ok)``; the controller never
 calls it. Nothing here runs on another thread except what the copy engine
 and the storage backend run themselves.
+
+Submitting never raises for a failing tier: a copy engine or a storage
+backend that raises when a move is handed to it (closed, broken, a
+connection down) gives a job whose ticket has already failed with that
+error, harvested by the next ``poll()`` like any failed move. The caller
+takes its holds before submitting and releases them in ``finish``, so one
+path handles every failure.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from radixcache.offload.host import HostPool
 from radixcache.offload.storage import PutMeta, Storage, TokenPages
 from radixcache.transfer.allocator import PageIds
 from radixcache.transfer.engine import CopyEngine
-from radixcache.transfer.ticket import Ticket
+from radixcache.transfer.ticket import FutureTicket, Ticket
 
 
 class JobKind(enum.Enum):
@@ -117,14 +124,20 @@ class OffloadController:
     # ------------------------------------------------------------------ submit
     def backup(self, device_pages: PageIds, host_pages: PageIds, owner: JobOwner) -> Job:
         """Copy device pages into (already allocated) host pages."""
-        ticket = self.copy.device_to_host(device_pages, host_pages)
+        try:
+            ticket: Ticket = self.copy.device_to_host(device_pages, host_pages)
+        except Exception as exc:  # a failed submission is a failed job
+            ticket = FutureTicket.failed(exc)
         return self._add(Job(JobKind.BACKUP, ticket, owner, host_pages, device_pages))
 
     def backup_now(self, device_pages: PageIds, host_pages: PageIds) -> bool:
         """Copy device pages into host pages and wait for it (eviction under
         write-back). True if the copy succeeded; never raises for a failed copy."""
         submitted = time.perf_counter()
-        ticket = self.copy.device_to_host(device_pages, host_pages)
+        try:
+            ticket: Ticket = self.copy.device_to_host(device_pages, host_pages)
+        except Exception as exc:
+            ticket = FutureTicket.failed(exc)
         ticket.wait()
         c = self.counters
         if ticket.error is not None:
@@ -140,7 +153,10 @@ class OffloadController:
 
     def load(self, host_pages: PageIds, device_pages: PageIds, owner: JobOwner) -> Job:
         """Copy host pages into (already allocated) device pages."""
-        ticket = self.copy.host_to_device(host_pages, device_pages)
+        try:
+            ticket: Ticket = self.copy.host_to_device(host_pages, device_pages)
+        except Exception as exc:
+            ticket = FutureTicket.failed(exc)
         return self._add(Job(JobKind.LOAD, ticket, owner, host_pages, device_pages))
 
     def store(
@@ -154,7 +170,10 @@ class OffloadController:
     ) -> Job:
         """Write host pages to storage under ``keys`` (``meta``: their event
         ids, parent and depth, recorded for the survivors announced at start)."""
-        ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace, meta)
+        try:
+            ticket: Ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace, meta)
+        except Exception as exc:
+            ticket = FutureTicket.failed(exc)
         return self._add(Job(JobKind.STORE, ticket, owner, host_pages, keys=keys))
 
     def fetch(
@@ -167,7 +186,10 @@ class OffloadController:
     ) -> Job:
         """Read stored pages of ``namespace`` into (already allocated) host
         pages; the result is how many leading pages arrived verified."""
-        ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages, namespace)
+        try:
+            ticket: Ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages, namespace)
+        except Exception as exc:
+            ticket = FutureTicket.failed(exc)
         return self._add(Job(JobKind.FETCH, ticket, owner, host_pages, keys=keys))
 
     def _add(self, job: Job) -> Job:
@@ -232,7 +254,10 @@ class OffloadController:
         return (np.concatenate(dev) if dev else empty, np.concatenate(host) if host else empty)
 
     def close(self) -> None:
-        """Finish everything in flight and stop the engines' threads."""
+        """Finish everything in flight and stop the engines' threads (the
+        storage is closed even if closing the copy engine raised)."""
         self.wait_all()
-        self.copy.close()
-        self.storage.close()
+        try:
+            self.copy.close()
+        finally:
+            self.storage.close()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from radixcache.cache import RadixCache
     from radixcache.cache_config import CacheConfig
-    from radixcache.errors import OutOfPagesError, RequestStateError
+    from radixcache.errors import CacheClosedError, OutOfPagesError, RequestStateError
     from radixcache.tree.policies import (
         EvictionPolicy,
         eviction_policy_names,
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
 _LAZY: dict[str, str] = {
     "CacheConfig": "radixcache.cache_config",
     "RadixCache": "radixcache.cache",
+    "CacheClosedError": "radixcache.errors",
     "OutOfPagesError": "radixcache.errors",
     "RequestStateError": "radixcache.errors",
     "EvictionPolicy": "radixcache.tree.policies",

@@ -12,36 +12,53 @@ Lifecycle of one request (all calls on the runner's thread)::
 A committed page is shared at once: a request admitted later (or concurrently
 in the same batch) that has the same prefix reuses it.
 
-This module has the request lifecycle, the allocation ladder (allocate,
-settle copies, drain, evict, retry) and the bulk operations. The
-configuration and the wiring of tree and tiers are radixcache/cache_config.py,
-the integrity check radixcache/cache_check.py.
+Every public call succeeds or raises an error its docstring names and
+changes nothing (invariant 12; README "What the lifecycle guarantees"):
+arguments are checked before the first mutation, and nothing after it
+raises, because the tiers below the device turn failures into misses. One
+exception: ``reserve`` raising ``OutOfPagesError`` may first have applied
+the prefetch policy and tier jobs already in flight (what ``poll()`` does).
+
+This module has the request lifecycle and the checks of every call. The
+allocation ladder is radixcache/capacity.py, the bulk operations (forget,
+reset, close) radixcache/bulk.py, the configuration and the wiring of tree
+and tiers radixcache/cache_config.py, the integrity check
+radixcache/cache_check.py.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+
+from radixcache.bulk import CacheBulk
 from radixcache.cache_check import check_cache
 from radixcache.cache_config import CacheConfig, build_index
-from radixcache.errors import OutOfPagesError, RequestStateError
+from radixcache.capacity import DeviceCapacity
+from radixcache.errors import CacheClosedError, RequestStateError
 from radixcache.events.types import KvEvent
 from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
-from radixcache.tree.node import EMPTY_PAGES, PageIds
 from radixcache.request import Request
-from radixcache.stats import CacheStats, Counters
+from radixcache.stats import CacheStats, Counters, snapshot
 from radixcache.tiers.config import TierStats
 from radixcache.tiers.contract import Tiers
 from radixcache.tokens import as_tokens
-from radixcache.tree.radix_tree import RadixTree
 from radixcache.transfer import DeviceKVBuffer, PageAllocator
+from radixcache.transfer.forks import forked_message, on_fork_in_child
+from radixcache.tree.node import EMPTY_PAGES, PageIds
+from radixcache.tree.radix_tree import RadixTree
 
 __all__ = ["CacheConfig", "RadixCache"]
+
+log = logging.getLogger(__name__)
 
 
 class RadixCache:
     """Prefix-sharing KV allocator over a device page pool.
 
     Owns the tree, the device page pool and the KV buffer. Single-threaded:
-    every method must be called from the owner (scheduler) thread.
+    every method must be called from the owner (scheduler) thread. Every
+    method raises ``CacheClosedError`` after ``close()``.
     """
 
     def __init__(self, config: CacheConfig) -> None:
@@ -57,10 +74,16 @@ class RadixCache:
         self._live: dict[int, Request] = {}
         self._next_rid = 0
         self._forgets: dict[Namespace, int] = {}  # forget_namespace calls per namespace
-        built = build_index(config, self.kv, self._allocate_or_none, self.pool.free)
+        self._capacity = DeviceCapacity(self.pool, self.counters)
+        built = build_index(config, self.kv, self._capacity.allocate_or_none, self.pool.free)
         self.tree: RadixTree = built.tree
         self.tiers: Tiers = built.tiers
+        self._capacity.bind(self.tree, self.tiers)
+        self._bulk = CacheBulk(self.tree, self.pool, self.tiers, self._live, self._forgets)
         self._recorder = built.recorder
+        self._refusal: str | None = None  # why every call is refused (closed, forked); None: open
+        self._pid = os.getpid()
+        on_fork_in_child(self, _forked)
 
     # ------------------------------------------------------------------ lifecycle
     def admit(
@@ -71,20 +94,24 @@ class RadixCache:
     ) -> Request:
         """Start a request: match its cached prefix and lock it.
 
-        ``tokens`` is the prompt (numpy int array, CPU tensor or list). At
-        least one token is always left to compute, so the runner gets logits
-        for the last one. Returns a handle whose ``cached_len`` tokens are
-        already in ``page_table``.
+        ``tokens`` is the prompt (numpy int array, CPU tensor or list); it
+        is copied (the caller may reuse its buffer at once). At least one
+        token is always left to compute, so the runner gets logits for the
+        last one. Returns a handle whose ``cached_len`` tokens are already in
+        ``page_table`` (host and storage hits still on their way included,
+        see ``Request.ready``).
+
+        Raises TypeError / ValueError for bad ``tokens``, ``namespace`` or
+        ``priority``, CacheClosedError after ``close()``; nothing changed.
         """
+        self._check_open()
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
-        if not isinstance(priority, int) or isinstance(priority, bool):
+        if type(priority) is not int:
             raise TypeError(f"priority must be an int, got {priority!r}")
-        arr = as_tokens(tokens, "prompt")
-        if arr is tokens:
-            arr = arr.copy()  # never keep a reference the caller may mutate
+        arr = as_tokens(tokens, "prompt", copy=True)
+        # Nothing below raises: a tier that fails degrades to a miss.
         req = Request(self._next_rid, namespace, arr, priority, self._forgets.get(namespace, 0))
-        self._next_rid += 1
         usable = arr[: max(arr.size - 1, 0)]
         match = self.tree.match(namespace, usable, priority)
         if self.tiers.wait_for_loads(match):
@@ -92,8 +119,13 @@ class RadixCache:
             # (memcpy speed) and share them instead of stopping short.
             match = self.tree.match(namespace, usable, priority)
         req.admit_cached(self.tree, match.last_device_node, match.device_pages, match.device_len)
+        try:
+            self.tiers.on_admit(req, match, arr)
+        except BaseException:  # a defect below: undo the admission, leave no live ghost
+            self._bulk.end(req)
+            raise
+        self._next_rid += 1
         self._live[req.rid] = req
-        self.tiers.on_admit(req, match, arr)
         c = self.counters
         c.requests += 1
         c.prompt_tokens += int(arr.size)
@@ -107,8 +139,10 @@ class RadixCache:
         Read-only and lock-free: nothing is locked, stamped or split, so a
         scheduler may ask for many candidates and admit only some. The hit
         may shrink before ``admit`` (eviction); host and storage hits are not
-        counted.
+        counted. Raises TypeError / ValueError for bad arguments,
+        CacheClosedError after ``close()``.
         """
+        self._check_open()
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
         arr = as_tokens(tokens, "prompt")
@@ -119,28 +153,39 @@ class RadixCache:
 
         Allocates whole pages (evicting unlocked cached pages if the pool is
         short) so that ``page_table`` covers positions up to
-        ``num_computed + num_tokens``. Returns the page table (a view).
-        Raises OutOfPagesError, allocating nothing, if even eviction cannot
-        make room.
+        ``num_computed + num_tokens``. Returns the page table (a view). The
+        first ``reserve`` or ``commit`` of a request with pending loads
+        applies the prefetch policy to them (they land, or the request
+        recomputes them: ``cached_len`` shrinks).
+
+        Raises ValueError for a bad ``num_tokens``, RequestStateError for a
+        released or foreign request, CacheClosedError after ``close()``
+        (nothing changed); OutOfPagesError if even eviction cannot make
+        room: nothing allocated, evicted or locked (see radixcache/capacity.py).
         """
         self._begin_step(req, num_tokens, "reserve")
         target = req.num_computed + num_tokens
         if target > req.reserved_tokens:
             need = -(-target // self.page_size) - req.num_pages
-            req.add_pages(self._allocate(need) if need > 0 else EMPTY_PAGES, target)
+            req.add_pages(self._capacity.allocate(need) if need > 0 else EMPTY_PAGES, target)
         return req.page_table
 
     def _begin_step(self, req: Request, num_tokens: int, what: str) -> None:
-        """Checks shared by reserve and commit; settles pending tier loads
-        (the prefetch policy decides how long to wait)."""
+        """Checks shared by reserve and commit; then settles pending tier
+        loads (the prefetch policy decides how long to wait)."""
         self._check_live(req)
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
+        if type(num_tokens) is not int or num_tokens < 0:
             raise ValueError(f"{what} takes a non-negative int, got {num_tokens!r}")
+        if what == "commit":
+            req.check_commit(num_tokens)
         if req.pending:
             self.tiers.resolve(req)
 
     def extend(self, req: Request, tokens: object) -> None:
-        """Append tokens the runner produced (e.g. the sampled token) to ``req``."""
+        """Append tokens the runner produced (e.g. the sampled token) to
+        ``req`` (copied). Raises TypeError / ValueError for bad ``tokens``,
+        RequestStateError for a released or foreign request,
+        CacheClosedError after ``close()``; nothing changed."""
         self._check_live(req)
         req.append_tokens(as_tokens(tokens, "extend"))
 
@@ -151,19 +196,15 @@ class RadixCache:
         share it. Pages another request inserted first are kept from the tree
         and this request's copies go back to the pool (its page table is
         updated to the tree's pages, which hold the same KV).
+
+        Raises ValueError for a bad ``num_tokens`` or one that reaches past
+        the reserved positions or the request's tokens, RequestStateError for
+        a released or foreign request or a commit of tokens while loads are
+        pending (``reserve`` first), CacheClosedError after ``close()``;
+        nothing changed. ``commit(req, 0)`` applies the prefetch policy.
         """
         self._begin_step(req, num_tokens, "commit")
         end = req.num_computed + num_tokens
-        if end > req.reserved_tokens:
-            raise ValueError(
-                f"commit of {num_tokens} tokens reaches position {end}, "
-                f"but only {req.reserved_tokens} were reserved"
-            )
-        if end > req.num_tokens:
-            raise ValueError(
-                f"commit of {num_tokens} tokens reaches position {end}, "
-                f"but the request has {req.num_tokens} tokens; extend() it first"
-            )
         req.computed(end)
         full = end // self.page_size
         if full > req.shared_pages:
@@ -197,80 +238,41 @@ class RadixCache:
         """End ``req``: unlock its cached pages and free its private ones.
 
         A partial last page and reserved-but-unused pages return to the pool.
-        Raises RequestStateError if ``req`` was already released.
+        Raises RequestStateError if ``req`` was already released (or belongs
+        to another cache), TypeError for a non-request, CacheClosedError
+        after ``close()``; nothing changed.
         """
         self._check_live(req)
-        if req.pending:
-            self.tiers.abandon(req)
-        private = req.end(self.tree)
-        if private.size:
-            self.pool.free(private)
+        self._bulk.end(req)
         del self._live[req.rid]
-        self._sweep()
-
-    def _sweep(self) -> None:
-        """Remove pages of forgotten namespaces that nothing holds any more."""
-        if self.tree.removal.detached_count:
-            freed = self.tree.removal.sweep_detached()
-            if freed.size:
-                self.pool.free(freed)
+        self._bulk.sweep()
 
     # ------------------------------------------------------------------ capacity
-    def _allocate(self, n: int) -> PageIds:
-        """``n`` device pages, evicting if the pool is short. Evicts nothing
-        unless the free and evictable pages cover ``n`` (a failed allocation
-        changes nothing); jobs in flight that pin device pages are finished
-        first when that helps."""
-        pool, tree = self.pool, self.tree
-        pages = pool.allocate(n)
-        if pages is not None:
-            return pages
-        if pool.free_count + tree.evictable_pages < n and self.tiers.settle_copies():
-            pass  # copies in flight pinned pages; once applied they may be free or evictable
-        while pool.free_count + tree.evictable_pages < n and self.tiers.drain():
-            pass  # abandoned fetches, stores under host-only children, ...
-        if pool.free_count + tree.evictable_pages >= n:
-            self.evict(n - pool.free_count)
-            pages = pool.allocate(n)
-            if pages is None and self.tiers.drain():
-                # Jobs held descendants of the victims: they are done now.
-                self.evict(n - pool.free_count)
-                pages = pool.allocate(n)
-        if pages is None:
-            self.counters.out_of_pages += 1
-            raise OutOfPagesError(n, pool.free_count, tree.evictable_pages)
-        return pages
-
-    def _allocate_or_none(self, n: int) -> PageIds | None:
-        try:
-            return self._allocate(n)
-        except OutOfPagesError:
-            return None
-
     def evict(self, num_pages: int) -> int:
         """Evict at least ``num_pages`` unlocked cached device pages if there are
         that many (pages with a host copy stay cached on the host); returns how
-        many device pages were freed."""
-        result = self.tree.evict(num_pages, self.tiers.before_device_drop)
-        freed = result.device_pages
-        if freed.size:
-            self.pool.free(freed)
-            self.counters.evicted_pages += int(freed.size)
-        return int(freed.size)
+        many device pages were freed. Raises ValueError for a bad
+        ``num_pages``, CacheClosedError after ``close()``."""
+        self._check_open()
+        if type(num_pages) is not int or num_pages < 0:
+            raise ValueError(f"evict takes a non-negative int, got {num_pages!r}")
+        return self._capacity.evict(num_pages)
 
     def poll(self) -> int:
-        """Apply finished tier jobs (backups, loads, storage) to the cache.
-
-        Call once per step on the owner thread; returns how many finished.
-        """
+        """Apply finished tier jobs (backups, loads, storage); call once per
+        step. Returns how many finished; a failed one is counted
+        (``tier_stats().failed_jobs``), never raised. CacheClosedError after
+        ``close()``."""
+        self._check_open()
         done = self.tiers.poll()
-        self._sweep()  # pages of forgotten namespaces that jobs held may go now
+        self._bulk.sweep()  # pages of forgotten namespaces that jobs held may go now
         return done
 
     def drain(self) -> int:
         """Wait for every tier job in flight (backups, stores, loads, fetches)
-        and apply it; returns how many finished. For a consistent view of the
-        tiers (tests, tools, a checkpoint before shutdown)."""
+        and apply it; returns how many finished (tests, tools, a checkpoint).
+        CacheClosedError after ``close()``."""
+        self._check_open()
         finished = 0
         while True:
             self.tiers.drain()
@@ -278,22 +280,38 @@ class RadixCache:
             finished += n
             if not n:
                 break
-        self._sweep()
+        self._bulk.sweep()
         return finished
 
     def tier_stats(self) -> TierStats | None:
-        """A snapshot of the host and storage tiers, None without them."""
+        """A snapshot of the host and storage tiers, None without them.
+        Raises CacheClosedError after ``close()``."""
+        self._check_open()
         return self.tiers.stats()
 
     def take_events(self) -> list[KvEvent]:
         """Page events since the last call, in order (empty unless
         ``record_events``). Call once per engine step and publish the list:
-        ``publisher.publish(cache.take_events())`` (empty lists are skipped)."""
+        ``publisher.publish(cache.take_events())``. CacheClosedError after
+        ``close()`` (take the last events before closing)."""
+        self._check_open()
         return self._recorder.take()
 
     def close(self) -> None:
-        """Finish in-flight tier jobs and stop their threads."""
-        self.tiers.close()
+        """Release every live request (their handles die: a runner closes
+        at shutdown, often after an error with requests in flight), finish
+        in-flight tier jobs and stop their threads; from then on every call
+        raises CacheClosedError. A second ``close()`` does nothing; in a
+        forked child it touches nothing of the parent's. Never raises for a
+        failing tier (logged): the cache is closed either way."""
+        if self._refusal is not None:
+            return
+        try:
+            self._bulk.close()
+        except Exception:
+            log.exception("closing the cache's tiers failed; the cache is closed anyway")
+        finally:
+            self._refusal = "this cache is closed; build a new RadixCache"
 
     # ------------------------------------------------------------------ bulk
     def forget_namespace(self, namespace: Namespace) -> int:
@@ -303,71 +321,58 @@ class RadixCache:
         cached before the call. Pages live requests (or jobs in flight) still
         hold stay allocated, invisible to new requests, and go when they are
         released; returns how many device pages that is. Pages cached after
-        the call are untouched. Raises TypeError if ``namespace`` is not a
-        Namespace.
+        the call are untouched. If storage cannot delete its pages (a storage
+        error, counted in ``tier_stats().failed_jobs``), this cache never reads
+        them back. Raises TypeError if ``namespace`` is not a Namespace,
+        CacheClosedError after ``close()``.
         """
+        self._check_open()
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
-        self._forgets[namespace] = self._forgets.get(namespace, 0) + 1
-        result = self.tree.removal.forget(namespace)
-        if result.device_page_ids.size:
-            self.pool.free(result.device_page_ids)
-        self.tiers.forget(namespace)
-        return result.pending_pages
+        return self._bulk.forget(namespace)
 
     def reset(self, force: bool = False) -> None:
-        """Drop every cached page.
-
-        Refuses (RequestStateError) while requests hold pages, unless
-        ``force``; forced, those requests are ended and their handles become
-        unusable.
-        """
+        """Drop every cached page. Refuses (RequestStateError, nothing
+        changed) while requests hold pages, unless ``force``: then they are
+        ended and their handles die. TypeError for a non-bool ``force``,
+        CacheClosedError after ``close()``."""
+        self._check_open()
+        if type(force) is not bool:
+            raise TypeError(f"force must be a bool, got {force!r}")
         if self._live and not force:
             raise RequestStateError(
                 f"reset refused: {len(self._live)} live requests hold pages; "
                 f"release them or pass force=True"
             )
-        for req in self._live.values():
-            if req.pending:
-                self.tiers.abandon(req)
-        self.tiers.drain()
-        for req in self._live.values():
-            req.end_forced()
-        self._live.clear()
-        self.pool.free(self.tree.reset())
-        self.tiers.reset()
-        leftover = self.pool.allocated_ids()  # private pages of the ended requests
-        self.pool.free(leftover)
+        self._bulk.reset()
 
     # ------------------------------------------------------------------ views
     def stats(self) -> CacheStats:
-        c = self.counters
-        tree = self.tree
-        private = self.pool.used_count - tree.device_pages
-        return CacheStats(
-            requests=c.requests,
-            live_requests=len(self._live),
-            prompt_tokens=c.prompt_tokens,
-            hit_tokens=c.hit_tokens,
-            hit_pages=c.hit_pages,
-            committed_pages=c.committed_pages,
-            duplicate_pages=c.duplicate_pages,
-            evicted_pages=c.evicted_pages,
-            out_of_pages=c.out_of_pages,
-            pool_pages=self.pool.capacity,
-            free_pages=self.pool.free_count,
-            cached_pages=tree.device_pages,
-            evictable_pages=tree.evictable_pages,
-            protected_pages=tree.protected_pages,
-            private_pages=private,
-            nodes=tree.node_count,
-        )
+        """A snapshot of the counters and the pools (cheap: read it every
+        step). Raises CacheClosedError after ``close()``."""
+        self._check_open()
+        return snapshot(self.counters, len(self._live), self.pool, self.tree)
 
     @property
     def live_requests(self) -> list[Request]:
+        """Requests admitted and not yet released (none once closed)."""
         return list(self._live.values())
 
+    @property
+    def closed(self) -> bool:
+        """True after ``close()`` (and in a forked child): every call raises."""
+        return self._refusal is not None
+
+    def _check_open(self) -> None:
+        if self._refusal is not None:
+            raise self._closed_error()
+
+    def _closed_error(self) -> CacheClosedError:
+        return CacheClosedError(self._refusal)
+
     def _check_live(self, req: Request) -> None:
+        if self._refusal is not None:
+            raise self._closed_error()
         if not isinstance(req, Request):
             raise TypeError(f"expected a Request, got {type(req).__name__}")
         if req.released:
@@ -378,5 +383,13 @@ class RadixCache:
     def check_integrity(self) -> None:
         """Verify the tree, the pools, in-flight jobs and every live request
         agree (no leaks, no double ownership, exact lock counts). AssertionError
-        if not."""
+        if not; CacheClosedError after ``close()``."""
+        self._check_open()
         check_cache(self.page_size, self._live.values(), self.tree, self.pool, self.tiers)
+
+
+def _forked(cache: RadixCache) -> None:
+    """In a forked child: the cache's threads, store lock and sockets are the
+    parent's; refuse every call (and make ``close`` touch nothing)."""
+    if cache._refusal is None:
+        cache._refusal = forked_message("this cache", cache._pid)

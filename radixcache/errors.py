@@ -22,3 +22,10 @@ class OutOfPagesError(RuntimeError):
 
 class RequestStateError(RuntimeError):
     """An operation on a request handle that its lifecycle does not allow."""
+
+
+class CacheClosedError(RuntimeError):
+    """A call on a cache after ``close()``, or in a process forked from the
+    one that built it (its copy and storage threads, its store lock and its
+    event sockets stay with that process). The call changed nothing; build
+    a new cache (in the child: after the fork)."""

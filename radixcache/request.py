@@ -6,6 +6,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from radixcache.errors import RequestStateError
 from radixcache.namespace import Namespace
 from radixcache.tree.node import Node, PageIds, TokenArray
 
@@ -242,6 +243,29 @@ class Request:
         the last forget (its KV belongs to the forgotten incarnation; its
         pages stay its own and are freed at release)."""
         return forgets == self.forgets
+
+    def check_commit(self, num_tokens: int) -> None:
+        """Raise (changing nothing) unless ``num_tokens`` more positions may
+        be committed: within the reservation and the known tokens, and none
+        while loads are pending (the prefetch policy may give them up and
+        move ``num_computed`` back under the positions the runner wrote:
+        ``reserve`` settles that first)."""
+        if num_tokens and self.pending:
+            raise RequestStateError(
+                f"request {self.rid} has loads pending: reserve() it first (which applies "
+                f"the prefetch policy), then write and commit"
+            )
+        end = self.num_computed + num_tokens
+        if end > self.reserved_tokens:
+            raise ValueError(
+                f"commit of {num_tokens} tokens reaches position {end}, "
+                f"but only {self.reserved_tokens} were reserved"
+            )
+        if end > self.num_tokens:
+            raise ValueError(
+                f"commit of {num_tokens} tokens reaches position {end}, "
+                f"but the request has {self.num_tokens} tokens; extend() it first"
+            )
 
     def computed(self, end: int) -> None:
         """KV is written up to position ``end``."""

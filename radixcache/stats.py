@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(slots=True)
@@ -44,3 +45,47 @@ class CacheStats:
     def hit_ratio(self) -> float:
         """Share of prompt tokens served from the cache."""
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class PoolView(Protocol):
+    """What a snapshot reads of the device pool."""
+
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def free_count(self) -> int: ...
+    @property
+    def used_count(self) -> int: ...
+
+
+class TreeView(Protocol):
+    """What a snapshot reads of the tree."""
+
+    device_pages: int
+    evictable_pages: int
+    node_count: int
+
+    @property
+    def protected_pages(self) -> int: ...
+
+
+def snapshot(c: Counters, live_requests: int, pool: PoolView, tree: TreeView) -> CacheStats:
+    """The ``CacheStats`` of a cache with counters ``c``, its device pool and tree."""
+    return CacheStats(
+        requests=c.requests,
+        live_requests=live_requests,
+        prompt_tokens=c.prompt_tokens,
+        hit_tokens=c.hit_tokens,
+        hit_pages=c.hit_pages,
+        committed_pages=c.committed_pages,
+        duplicate_pages=c.duplicate_pages,
+        evicted_pages=c.evicted_pages,
+        out_of_pages=c.out_of_pages,
+        pool_pages=pool.capacity,
+        free_pages=pool.free_count,
+        cached_pages=tree.device_pages,
+        evictable_pages=tree.evictable_pages,
+        protected_pages=tree.protected_pages,
+        private_pages=pool.used_count - tree.device_pages,
+        nodes=tree.node_count,
+    )

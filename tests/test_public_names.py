@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PUBLIC: dict[str, list[str]] = {
     "radixcache": [
-        "CacheConfig", "CacheStats", "DEFAULT_NAMESPACE", "DeviceKVBuffer", "EvictionPolicy",
+        "CacheClosedError", "CacheConfig", "CacheStats", "DEFAULT_NAMESPACE", "DeviceKVBuffer", "EvictionPolicy",
         "InsertResult", "KVSpec", "MatchResult", "Namespace", "Node", "OutOfPagesError",
         "RadixCache", "RadixTree", "Request", "RequestStateError", "TierConfig",
         "eviction_policy_names", "make_eviction_policy", "register_eviction_policy",

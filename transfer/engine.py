@@ -7,6 +7,7 @@ submission order. ``make_copy_engine`` picks it or ``CudaCopyEngine``.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 
@@ -22,6 +23,7 @@ from radixcache.transfer.contract import (
     check_host_to_device,
 )
 from radixcache.transfer.convert import PagePairs, check_buffers, copy_device_to_host, copy_host_to_device
+from radixcache.transfer.forks import forked_message, on_fork_in_child
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import DeviceKVBuffer
 from radixcache.transfer.ticket import FutureTicket
@@ -52,6 +54,10 @@ class CpuCopyEngine:
     ``before_copy`` is a fault-injection seam for tests: it is called on the
     worker with each ``CopyRequest`` before the copy; if it raises, that copy's
     ticket fails with the exception and the pages are left untouched.
+
+    In a child forked from the process that built it the worker does not
+    exist: a submission there raises RuntimeError (instead of handing out a
+    ticket that never finishes) and ``close`` does nothing.
     """
 
     def __init__(
@@ -76,6 +82,9 @@ class CpuCopyEngine:
         )
         self._seq = 0  # next submission number
         self._closed = False
+        self._pid = os.getpid()  # the process whose worker runs the copies
+        self._forked = False  # set in a forked child (see radixcache.transfer.forks)
+        on_fork_in_child(self, _forked)
         self._worker = threading.Thread(target=self._run, name=name, daemon=True)
         self._worker.start()
 
@@ -97,6 +106,8 @@ class CpuCopyEngine:
         if self._closed:
             return
         self._closed = True
+        if self._forked:
+            return  # the worker is the parent's
         self._queue.put(_STOP)
         self._worker.join()
 
@@ -109,6 +120,8 @@ class CpuCopyEngine:
     def _submit(self, direction: Direction, pairs: PagePairs) -> FutureTicket:
         if self._closed:
             raise RuntimeError("copy engine is closed")
+        if self._forked:
+            raise RuntimeError(forked_message("this copy engine", self._pid))
         ticket = FutureTicket()
         self._queue.put((CopyRequest(self._seq, direction, pairs), ticket))
         self._seq += 1
@@ -139,6 +152,10 @@ class CpuCopyEngine:
                 ticket.fail(exc)
             else:
                 ticket.finish(None)
+
+
+def _forked(engine: CpuCopyEngine) -> None:
+    engine._forked = True
 
 
 def make_copy_engine(device_buf: DeviceKVBuffer, host_buf: HostKVBuffer) -> CopyEngine:

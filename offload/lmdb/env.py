@@ -8,6 +8,15 @@ fingerprint the store was last written for (records of another one never hit
 and age out) and rebuilds the recency index from the records' write sequence
 numbers. The reader, the writer and the storage share it; ``close`` gives
 the environment and the lock back (after they stopped).
+
+The owner lock is an ``flock`` on ``radixcache.lock``, which belongs to the
+open file description: a child that ``fork()`` made shares it, and the lock
+would outlive the parent's ``close`` for as long as the child keeps its copy
+of the descriptor, so the parent could not reopen its own store. The
+descriptor is close-on-exec (an exec'd child never has it), and a forked
+child closes its copy at once (``radixcache.transfer.forks``), never
+unlocking it: the lock stays the parent's, and goes with the parent's
+``close``.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from radixcache.offload.lmdb.index import RecencyIndex
 from radixcache.offload.lmdb.space import MapGate, grow_map
 from radixcache.offload.storage import ModelFingerprint, StorageOpenError
 from radixcache.offload.storage import record as rec
+from radixcache.transfer.forks import on_fork_in_child
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +45,7 @@ class LmdbEnv:
     def __init__(self, config: StorageConfig, fingerprint: ModelFingerprint) -> None:
         self.path = os.path.abspath(os.fspath(config.path))
         self.lock_fd = self._lock_directory()
+        on_fork_in_child(self, _drop_lock_in_child)
         try:
             self.env = self._open_env(config)
         except BaseException:
@@ -64,9 +75,13 @@ class LmdbEnv:
         return (self.pages, self.ns, self.meta)
 
     def close(self) -> None:
-        """Close the environment and give the owner lock back."""
+        """Close the environment and give the owner lock back (in a forked
+        child: nothing, both are the parent's)."""
+        if self.lock_fd < 0:
+            return
         self.env.close()
         os.close(self.lock_fd)
+        self.lock_fd = -1
 
     def _lock_directory(self) -> int:
         """Create the directory if needed and take its owner lock; returns the lock's fd."""
@@ -75,7 +90,8 @@ class LmdbEnv:
             os.makedirs(path, exist_ok=True)
             with tempfile.TemporaryFile(dir=path):
                 pass  # a directory LMDB cannot create its files in fails here, by name
-            fd = os.open(os.path.join(path, "radixcache.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+            lock = os.path.join(path, "radixcache.lock")
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise StorageOpenError(
                 exc.errno, f"storage directory {path!r} is not writable: {exc.strerror or exc}"
@@ -135,3 +151,12 @@ class LmdbEnv:
                 len(entries),
             )
         return max((seq for seq, _k, _s in entries), default=-1) + 1
+
+
+def _drop_lock_in_child(store: LmdbEnv) -> None:
+    """In a forked child: close the child's copy of the lock descriptor, so
+    that the lock goes when the parent closes (never ``LOCK_UN``: that would
+    unlock the parent's store)."""
+    if store.lock_fd >= 0:
+        os.close(store.lock_fd)
+        store.lock_fd = -1

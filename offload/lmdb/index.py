@@ -91,8 +91,12 @@ class RecencyIndex:
                 self._nbytes += size
 
     def check_integrity(self) -> None:
-        """Verify the byte total matches the entries."""
+        """Verify the byte total matches the entries. A size may be 0: the
+        index mirrors what the store holds, and a zero-length value (no
+        record: written by something else, or damaged) is indexed as it is
+        until a read finds it corrupt and deletes it (or eviction takes it
+        first: it sorts oldest, having no write sequence number)."""
         with self._lock:
             total = sum(self._order.values())
             assert total == self._nbytes, f"index: sizes sum to {total}, total says {self._nbytes}"
-            assert all(size > 0 for size in self._order.values()), "index: a record of size <= 0"
+            assert all(size >= 0 for size in self._order.values()), "index: a record of size < 0"

@@ -112,6 +112,11 @@ class LmdbWriter(JobWriter):
     # small extra commit (a "tick") makes the freed pages usable at once.
 
     def _commit_making_room(self, batch: list[WriteJob]) -> TxnEffects:
+        if not os.path.isdir(self._path):  # one stat per batch; the commit costs far more
+            raise StorageError(
+                f"the directory {self._path!r} of this store is gone (removed while the store "
+                f"was open): nothing more can be written to it; close the cache and reopen the store"
+            )
         self._ensure_disk_room(batch)
         for _ in range(_MAP_FULL_RETRIES):
             try:

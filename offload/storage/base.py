@@ -17,6 +17,12 @@ removal order (``removals.py``)::
            deletion), then the writer (runs what is queued), then the
            backend's own resources (_release)
 
+In a child forked from the process that opened it, the reader and writer
+threads do not exist: every call that would hand them work (or read the
+store) raises RuntimeError naming the store and the processes, instead of
+returning a ticket nothing finishes; ``close`` there does nothing (the
+threads, the environment and the lock are the parent's).
+
 What a backend supplies (its transport): in ``__init__``, after
 ``super().__init__``, its ``_reader``, ``_writer`` and ``_removals``; then
 ``longest_prefix``, ``scan``, ``_sizes`` (for ``stats``), ``_release`` and
@@ -25,6 +31,7 @@ What a backend supplies (its transport): in ``__init__``, after
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -46,6 +53,7 @@ from radixcache.offload.storage.record import RecordMeta
 from radixcache.offload.storage.removals import RemovalLog
 from radixcache.offload.storage.stats import Counters, StorageStats
 from radixcache.offload.storage.writer import JobWriter
+from radixcache.transfer.forks import forked_message, on_fork_in_child
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import FutureTicket, Ticket
 
@@ -85,6 +93,9 @@ class StorageBase:
         self._counters = Counters()
         self._closed = False
         self._close_lock = threading.Lock()
+        self._pid = os.getpid()  # the process whose threads do the work
+        self._forked = False  # set in a forked child
+        on_fork_in_child(self, _forked)
 
     # -- what a backend supplies ------------------------------------------------
     @property
@@ -194,6 +205,8 @@ class StorageBase:
             if self._closed:
                 return
             self._closed = True
+        if self._forked:
+            return  # the threads, the store and its lock are the parent's
         self._reader.close()  # first: a read may still queue a corrupt record's deletion
         self._writer.close()  # runs everything queued, then stops
         self._release()
@@ -205,5 +218,12 @@ class StorageBase:
         self.close()
 
     def _check_open(self) -> None:
+        if self._forked:
+            raise RuntimeError(forked_message(self.where, self._pid))
         if self._closed:
             raise RuntimeError(f"{self.where} is closed")
+
+
+def _forked(storage: StorageBase) -> None:
+    storage._forked = True
+    storage._close_lock = threading.Lock()  # the parent's thread may have held it at the fork

@@ -7,9 +7,10 @@ Every hook runs on the owner thread. The cache calls ``on_admit`` /
 ``wait_for_loads`` when it admits a request, ``on_insert`` after a commit's
 insert, ``before_device_drop`` for each eviction victim, ``resolve`` /
 ``abandon`` when a request with pending loads steps or ends, ``poll`` every
-step (the only place async results enter the tree), ``settle_copies`` and
-``drain`` when an allocation is short, and the rest for bulk operations and
-checks.
+step (the only place async results enter the tree), ``busy``,
+``settle_copies`` and ``drain`` when an allocation is short, and the rest for
+bulk operations and checks. No hook raises for a failing tier (it degrades
+to a miss); the cache relies on that to keep every public call atomic.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Tiers(Protocol):
     def abandon(self, req: Request) -> None: ...
     def poll(self) -> int: ...
     def forget(self, namespace: Namespace) -> None: ...
+    def busy(self) -> bool: ...
     def settle_copies(self) -> bool: ...
     def drain(self) -> bool: ...
     def reset(self) -> None: ...
@@ -69,6 +71,9 @@ class NullTiers:
 
     def forget(self, namespace: Namespace) -> None:
         pass
+
+    def busy(self) -> bool:
+        return False
 
     def settle_copies(self) -> bool:
         return False

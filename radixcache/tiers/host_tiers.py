@@ -13,15 +13,26 @@ This module has the write path (backups by the write policy, stores), host
 room, completions and bulk operations. Load-back of host and storage hits and
 the prefetch policy are ``LoadBack``'s (radixcache/tiers/loads.py). Any
 failure degrades to recomputing: nothing wrong is served.
+
+No hook raises for a failing tier. A copy or storage operation that fails
+fails its job (the controller turns a submission that raises into a failed
+job); a storage call answered at once (``longest_prefix``, the lists of
+removed and written keys, ``forget_namespace``, ``stats``) that raises is
+caught here, counted in ``failed_jobs`` and treated as "nothing there": no
+hit, nothing removed. A namespace whose stored pages could not be deleted
+by ``forget`` is not fetched from storage until the deletion, retried by
+every ``poll``, succeeds (radixcache/tiers/forgets.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
+from radixcache.tiers.forgets import Forgets
 from radixcache.tiers.host_index import HostIndex
 from radixcache.tiers.jobs import TierJob
 from radixcache.tiers.loads import LoadBack
@@ -40,6 +51,7 @@ log = logging.getLogger(__name__)
 _failures = RateLimitedLog(log)  # a failing tier fails every job: one line per interval
 
 AllocateDevice = Callable[[int], "PageIds | None"]
+_T = TypeVar("_T")
 
 __all__ = ["HostTiers", "TierConfig", "TierStats"]
 
@@ -91,8 +103,8 @@ class HostTiers:
         self.free_device = free_device
         self.jobs: dict[TierJob, None] = {}  # live jobs, in submission order
         self._deferred_stores: list[Node] = []  # backed up while being evicted
-        self._epochs: dict[Namespace, int] = {}  # forgets per namespace
         self.counters = TierCounters()
+        self.forgets = Forgets(lambda: self.storage, self.tier_failed)  # epochs, deletions owed
 
     @property
     def storage(self) -> Storage:
@@ -179,7 +191,7 @@ class HostTiers:
         keys = split_keys(b"".join(self.tree.page_keys(n) for n in nodes))
         tokens = np.concatenate([n.key for n in nodes]).reshape(-1, self.page_size)
         host = np.concatenate([n.host for n in nodes if n.host is not None])
-        StoreJob(self, nodes, keys, tokens, host, self._epochs.get(nodes[-1].namespace, 0))
+        StoreJob(self, nodes, keys, tokens, host, self.forgets.epoch(nodes[-1].namespace))
 
     # ------------------------------------------------------------------ host pool
     def allocate_host(self, n: int) -> PageIds | None:
@@ -203,7 +215,10 @@ class HostTiers:
     # ------------------------------------------------------------------ completions
     def poll(self) -> int:
         """Finish every finished job (each applies itself to the tree and its
-        request); returns how many finished."""
+        request); returns how many finished. Retries the storage deletions
+        that forgotten namespaces still owe."""
+        if self.forgets.owed:
+            self.forgets.retry()
         if self._deferred_stores:
             stores, self._deferred_stores = self._deferred_stores, []
             for node in stores:
@@ -213,11 +228,11 @@ class HostTiers:
         # then written again must end up stored. A key whose store (or fetch)
         # is harvested now but that is gone from storage was removed after it:
         # its removal goes out again, after the store.
-        removed = self.storage.take_removed()
+        removed: list[bytes] = self._ask_storage("storage removals", self.storage.take_removed, [])
         self.index.recorder.removed_keys(removed, self.storage.medium)
         done = self.controller.poll()
         # after the harvest: every page of a finished put is listed by now
-        self.index.note_written(self.storage.take_written())
+        self.index.note_written(self._ask_storage("storage writes", self.storage.take_written, []))
         for move in done:
             if not move.ok:
                 self.counters.failed_jobs += 1
@@ -225,17 +240,35 @@ class HostTiers:
             move.owner.finish(move.ok)
         if removed:
             announced = {k for move in done for k in move.keys}
-            again = [k for k in removed if k in announced and not self.storage.longest_prefix([k])]
+            again = [k for k in removed if k in announced and not self.stored([k])]
             self.index.recorder.removed_keys(again, self.storage.medium)
         return len(done)
 
+    # ------------------------------------------------------------------ storage calls
+    def stored(self, keys: list[bytes]) -> int:
+        """How many leading ``keys`` storage holds; 0 when it cannot say."""
+        return self._ask_storage("storage lookup", lambda: self.storage.longest_prefix(keys), 0)
+
+    def _ask_storage(self, what: str, call: Callable[[], _T], failed: _T) -> _T:
+        """``call()``, or ``failed`` (counted, logged) if the storage raises."""
+        try:
+            return call()
+        except Exception as exc:
+            self.tier_failed(what, exc)
+            return failed
+
+    def tier_failed(self, what: str, exc: BaseException) -> None:
+        """A storage call answered at once raised: count it (degraded to a miss)."""
+        self.counters.failed_jobs += 1
+        _failures.warning("%s failed: %r", what, exc)
+
     def may_land(self, namespace: Namespace, epoch: int) -> bool:
         """Whether a job started at ``epoch`` may still add pages of ``namespace``."""
-        return self._epochs.get(namespace, 0) == epoch
+        return self.forgets.may_land(namespace, epoch)
 
     def epoch(self, namespace: Namespace) -> int:
         """How many times ``namespace`` was forgotten (stamped on jobs)."""
-        return self._epochs.get(namespace, 0)
+        return self.forgets.epoch(namespace)
 
     # ------------------------------------------------------------------ load-back
     def roll_back(
@@ -256,11 +289,20 @@ class HostTiers:
     def forget(self, namespace: Namespace) -> None:
         """Jobs in flight for ``namespace`` land nowhere; its records leave
         storage before this returns (stores of it in flight finish first, then
-        the owner waits for the deletion, so no later lookup finds them)."""
-        self._epochs[namespace] = self._epochs.get(namespace, 0) + 1
+        the owner waits for the deletion, so no later lookup finds them). If
+        storage cannot delete them, the deletion is owed: the namespace is
+        not fetched until a ``poll`` retried it successfully (``Forgets``)."""
+        self.forgets.bump(namespace)
         for job in list(self.jobs):
             job.before_forget(namespace)
-        self.storage.forget_namespace(namespace.digest()).wait()
+        if self.storage_state != "disabled":
+            self.forgets.delete(namespace)
+
+    def busy(self) -> bool:
+        """Jobs in flight (or stores deferred by an eviction): what settling
+        or draining could finish. Without them an allocation that is short
+        fails at once, changing nothing."""
+        return bool(self.controller.in_flight or self._deferred_stores)
 
     def settle_copies(self) -> bool:
         """Wait for the device<->host copies in flight (they pin device pages)
@@ -316,7 +358,11 @@ class HostTiers:
             pages_moved={k.value: v for k, v in t.pages.items()},
             bytes_moved={k.value: v for k, v in t.bytes.items()},
             bytes_per_second={k.value: t.bytes_per_second(k) for k in JobKind},
-            storage=None if self.storage_state == "disabled" else self.storage.stats(),
+            storage=(
+                None
+                if self.storage_state == "disabled"
+                else self._ask_storage("storage stats", self.storage.stats, None)
+            ),
             storage_state=self.storage_state,
             job_latency={k.value: h.copy() for k, h in t.latency.items()},
         )
@@ -337,5 +383,7 @@ class HostTiers:
         )
 
     def close(self) -> None:
+        """Finish every job, settle owed deletions, stop the threads."""
         self.drain()
+        self.forgets.settle()
         self.controller.close()

@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from radixcache.keys.hashing import chain_keys, split_keys
+from radixcache.tiers.forgets import Forgets
 from radixcache.tiers.jobs import JobRuntime
 from radixcache.tiers.load_jobs import FetchJob, LoadJob
 from radixcache.namespace import Namespace
@@ -39,6 +40,9 @@ class LoadSite(JobRuntime, Protocol):
 
     host: HostPool
     prefetch: PrefetchPolicy
+    forgets: Forgets  # epochs; namespaces storage still owes a deletion are not fetched
+
+    def stored(self, keys: list[bytes]) -> int: ...
 
     @property
     def storage(self) -> Storage: ...
@@ -84,10 +88,12 @@ class LoadBack:
         usable = (max(tokens.size - 1, 0) // p) * p
         if usable - start < p:
             return
+        if rt.forgets.blocked(req.namespace):
+            return  # storage may still hold its pages from before a forget
         parent = req.locked_node
         first = rt.tree.keys.last_key(parent, req.namespace.digest())
         keys = split_keys(chain_keys(first, tokens[start:usable], p))
-        n = rt.storage.longest_prefix(keys)
+        n = rt.stored(keys)
         if n == 0:
             return
         host_pages = rt.allocate_host(n)

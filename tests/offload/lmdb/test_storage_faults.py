@@ -73,6 +73,7 @@ CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
     "truncated by one byte": lambda v: v[:-1],
     "truncated to the header": lambda v: v[:30],
     "padded": lambda v: v + b"\0",
+    "emptied": lambda v: b"",
 }
 
 
@@ -108,6 +109,21 @@ def test_a_corrupt_record_is_a_miss_deleted_and_counted(kit: StoreKit, how: str)
     keys, pages = _three_pages(kit)
     _rewrite_record(kit, keys[1], CORRUPTIONS[how])
     _assert_second_page_rejected(kit, keys, pages)
+
+
+def test_a_zero_length_value_passes_the_integrity_check_before_and_after_its_read(
+    kit: StoreKit,
+) -> None:
+    """Issue 21 (5): an emptied record was indexed with size 0, and
+    ``check_integrity`` failed ("a record of size <= 0") until a read
+    deleted it. The index mirrors the store: size 0 is what is there."""
+    keys, pages = _three_pages(kit)
+    _rewrite_record(kit, keys[1], lambda v: b"")
+    store = kit.open()
+    store.check_integrity()  # before any read
+    assert store.stats().stored_bytes == 2 * kit.record_bytes
+    store.close()
+    _assert_second_page_rejected(kit, keys, pages)  # (checks integrity after the delete)
 
 
 def test_a_byte_flipped_in_the_data_file_is_caught(kit: StoreKit) -> None:
@@ -227,6 +243,23 @@ class _FailingEnv:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+def test_writes_after_the_directory_was_removed_name_it(kit: StoreKit) -> None:
+    """Issue 21 (5): after ``rm -rf`` of an open store, the write error said
+    only ``FileNotFoundError(2, 'No such file or directory')``."""
+    import shutil
+
+    store = kit.open()
+    host = kit.host(4)
+    assert kit.done(store.put(kit.keys(1), kit.tokens(1), host, kit.ids(0), b"ns")) == 1
+    shutil.rmtree(kit.root / "store")
+    ticket = store.put(kit.keys(2, b"later"), kit.tokens(2), host, kit.ids(1, 2), b"ns")
+    assert ticket.wait(10)
+    assert isinstance(ticket.error, StorageError)
+    message = str(ticket.error)
+    assert str(kit.root / "store") in message and "gone" in message, message
+    assert store.stats().failed_ops == 1
 
 
 def test_lmdb_errors_fail_tickets_and_the_threads_carry_on(kit: StoreKit) -> None:

@@ -29,7 +29,6 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 import os
 import tempfile
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,10 +42,8 @@ from radixcache.offload import (
 )
 from radixcache.offload.storage import record_size
 from radixcache.tiers import HostTiers, TierConfig
+from tests.radixcache.tiers.manual import ManualCopyEngine, ManualStorage
 from tests.radixcache.tiers.tierkit import P, SPEC
-from radixcache.transfer import DeviceKVBuffer, FutureTicket
-from radixcache.transfer.convert import PagePairs, copy_device_to_host, copy_host_to_device
-from radixcache.transfer.host import HostKVBuffer
 
 
 def path_tokens(node: Node) -> list[int]:
@@ -57,126 +54,6 @@ def path_tokens(node: Node) -> list[int]:
         parts.append(n.key)
         n = n.parent
     return np.concatenate(parts[::-1]).tolist()
-
-
-class ManualTicket(FutureTicket):
-    """Done only when the test (or a waiting caller) completes it."""
-
-    __slots__ = ("engine",)
-
-    def __init__(self, engine: ManualCopyEngine) -> None:
-        super().__init__()
-        self.engine = engine
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self.done():
-            self.engine.complete(self)
-        return True
-
-
-class ManualCopyEngine:
-    def __init__(self, device: DeviceKVBuffer, host: HostKVBuffer) -> None:
-        self.device, self.host = device, host
-        self.pending: list[tuple[str, PagePairs, ManualTicket]] = []
-        self.fail_next = False
-
-    def _submit(self, kind: str, src: np.ndarray, dst: np.ndarray) -> ManualTicket:
-        ticket = ManualTicket(self)
-        pairs = PagePairs(np.asarray(src, np.int64), np.asarray(dst, np.int64))
-        self.pending.append((kind, pairs, ticket))
-        return ticket
-
-    def device_to_host(self, device_pages: np.ndarray, host_pages: np.ndarray) -> ManualTicket:
-        return self._submit("d2h", device_pages, host_pages)
-
-    def host_to_device(self, host_pages: np.ndarray, device_pages: np.ndarray) -> ManualTicket:
-        return self._submit("h2d", host_pages, device_pages)
-
-    def complete(self, ticket: ManualTicket, fail: bool = False) -> None:
-        for i, (kind, pairs, t) in enumerate(self.pending):
-            if t is ticket:
-                del self.pending[i]
-                if fail:
-                    t.fail(RuntimeError("injected copy failure"))
-                elif kind == "d2h":
-                    copy_device_to_host(self.device, self.host, pairs)
-                    t.finish()
-                else:
-                    copy_host_to_device(self.host, self.device, pairs)
-                    t.finish()
-                return
-
-    def close(self) -> None:
-        while self.pending:
-            self.complete(self.pending[0][2])
-
-
-class ManualStorage:
-    """A real LMDB store whose reads and writes wait until the test (or a
-    caller waiting on the ticket) runs them: succeeding, failing, or (reads)
-    returning fewer leading pages than asked."""
-
-    def __init__(self, inner: object) -> None:
-        self.inner = inner
-        self.pending: list[tuple[str, Callable[[int | None], object], StorageTicket]] = []
-
-    def _hold(self, kind: str, run: Callable[[int | None], object]) -> StorageTicket:
-        ticket = StorageTicket(self)
-        self.pending.append((kind, run, ticket))
-        return ticket
-
-    def get(self, keys: list[bytes], tokens: np.ndarray, host: object, host_pages: np.ndarray,
-            namespace: bytes | None = None) -> StorageTicket:
-        def run(limit: int | None) -> object:
-            n = len(keys) if limit is None else min(limit, len(keys))
-            return self.inner.get(keys[:n], tokens[:n], host, host_pages[:n], namespace)  # type: ignore[attr-defined]
-
-        return self._hold("get", run)
-
-    def put(self, keys: list[bytes], tokens: np.ndarray, host: object, host_pages: np.ndarray,
-            namespace: bytes, meta: object = None) -> StorageTicket:
-        def run(limit: int | None) -> object:
-            return self.inner.put(keys, tokens, host, host_pages, namespace, meta)  # type: ignore[attr-defined]
-
-        return self._hold("put", run)
-
-    def complete(self, ticket: StorageTicket, mode: str = "ok", short: int = 0) -> None:
-        for i, (kind, run, t) in enumerate(self.pending):
-            if t is ticket:
-                del self.pending[i]
-                if mode == "fail":
-                    t.fail(RuntimeError("injected storage failure"))
-                    return
-                inner = run(short if mode == "short" and kind == "get" else None)
-                inner.wait()  # type: ignore[attr-defined]
-                if inner.error is not None:  # type: ignore[attr-defined]
-                    t.fail(inner.error)  # type: ignore[attr-defined]
-                else:
-                    t.finish(inner.result())  # type: ignore[attr-defined]
-                return
-
-    def close(self) -> None:
-        while self.pending:
-            self.complete(self.pending[0][2])
-        self.inner.close()  # type: ignore[attr-defined]
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-
-class StorageTicket(FutureTicket):
-    """Done only when the test (or a waiting caller) completes it."""
-
-    __slots__ = ("storage",)
-
-    def __init__(self, storage: ManualStorage) -> None:
-        super().__init__()
-        self.storage = storage
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self.done():
-            self.storage.complete(self)
-        return True
 
 
 NAMESPACES = [Namespace(), Namespace(salt="tenant-b"), Namespace(lora_id=3)]
