@@ -49,7 +49,7 @@ import torch
 
 from radixcache.offload.storage import record as rec
 from radixcache.offload import ModelFingerprint, ValkeyConfig, ValkeyStorage
-from radixcache.offload.valkey.link import PageConnection, PageSSLConnection
+from radixcache.offload.valkey.nodes import PageConnection, PageSSLConnection
 from radixcache.offload.valkey import scratch_server
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec

@@ -70,7 +70,7 @@ def test_the_pool_lets_an_idle_worker_with_no_local_overlap_win(pool_kit: PoolKi
     toks = np.asarray(tokens, dtype=np.int32).reshape(4, BS)
     assert pool_kit.done(pool.put(keys, toks, host, np.arange(4, dtype=np.int32), Namespace().digest())) == 4
 
-    lookup = PoolLookup(pool_kit.config(), pool_kit.fingerprint, request_keys)
+    lookup = PoolLookup(pool_kit.config(), pool_kit.fingerprint, request_keys, pool_kit.spec.page_bytes)
     try:
         index = KvIndex(IndexConfig(block_size=BS, w_pool=0.5), pool_lookup=lookup)
         index.apply_event("w0", stored(tokens[: 2 * BS], [1, 2]))
@@ -97,7 +97,7 @@ def test_a_failed_pool_query_falls_back_to_the_index(caplog: pytest.LogCaptureFi
     config = ValkeyConfig.from_url(f"valkey://127.0.0.1:{free_port()}/0", connect_timeout_s=0.2)
     from radixcache.offload import ModelFingerprint
 
-    lookup = PoolLookup(config, ModelFingerprint("m", "spec", 0), request_keys)
+    lookup = PoolLookup(config, ModelFingerprint("m", "spec", 0), request_keys, 1024)
     try:
         index = KvIndex(IndexConfig(block_size=BS), pool_lookup=lookup)
         tokens = list(range(4 * BS))

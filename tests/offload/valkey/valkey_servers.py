@@ -63,6 +63,7 @@ class ValkeyServer:
         password: str | None = None,
         cluster: bool = False,
         port: int | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
         self.password = password
@@ -85,6 +86,7 @@ class ValkeyServer:
             args += ["--requirepass", password]
         if cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        args += list(extra)
         self._args = args
         self._proc: subprocess.Popen[bytes] | None = None
         self.start()
