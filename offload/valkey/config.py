@@ -73,7 +73,7 @@ class ValkeyConfig:
     # Pages per stored value on average (writer and readers must agree; see
     # offload/valkey/layout.py); None: from the page size (``pages_per_value``).
     chunk_pages: int | None = None
-    namespace_shards: int = 16  # sets a namespace's index is split into
+    namespace_shards: int = 256  # sets a namespace's index is split into (by hash slot)
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -99,6 +99,8 @@ class ValkeyConfig:
         positive_int("batch_pages", self.batch_pages)
         positive_int("lookup_first_round", self.lookup_first_round)
         positive_int("namespace_shards", self.namespace_shards)
+        if self.namespace_shards > 4096:
+            raise ValueError(f"namespace_shards must be at most 4096, got {self.namespace_shards}")
         if self.chunk_pages is not None:
             positive_int("chunk_pages", self.chunk_pages)
             if self.chunk_pages > MAX_CHUNK_PAGES:

@@ -5,8 +5,9 @@ Keys and values::
     <key prefix><record key of a value's LAST page>  ->  the records of 1 to 4N
                                                         consecutive pages of one
                                                         prefix (offload/storage/chunk.py)
-    <key prefix>ns:<tag>:<shard>                    ->  set of the value keys put
-                                                        under one namespace
+    <key prefix>ns:<tag>:{<slot tag>}               ->  set of the value keys put
+                                                        under one namespace (one
+                                                        of ``namespace_shards``)
 
 A record key binds the whole prefix up to its page (page keys are chained),
 so the key of a value's last page names the value, and every record in it
@@ -27,15 +28,20 @@ boundary, so a boundary page with no value ends the search: the pages up to
 it are missing. A lookup asks, per key, how many records the value under it
 holds (0: none) and stops at the first boundary key with none.
 
-**The namespace index** is split into ``namespace_shards`` sets by a hash of
-the value key, so no one set (one key on one cluster node) holds a tenant's
-whole index; removals this process sees are taken out of them again.
+**The namespace index** is split into ``namespace_shards`` sets by the hash
+slot of the value key (``IndexSets``), so no one set (one key on one
+cluster node) holds a tenant's whole index, and each set lives with the
+values it lists; removals this process sees are taken out of them again.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+
+from redis.crc import key_slot
+
+from radixcache.offload.valkey.topology import SLOTS
 
 CHUNK_CAP = 4  # a value holds at most CHUNK_CAP * N pages (without a boundary)
 
@@ -65,16 +71,45 @@ return out
 """
 
 
-def namespace_key(key_prefix: bytes, ns_tag: bytes, shard: int | None = None) -> bytes:
-    """The pool key of a namespace's index set ``shard`` (None: the one set of
-    pools written before the index was split)."""
-    base = key_prefix + b"ns:" + ns_tag
-    return base if shard is None else base + b":%d" % shard
+class IndexSets:
+    """The sets a namespace's index is split into (see the module docstring).
+
+    Set ``j`` lists the values whose hash slot lies in the j-th of
+    ``shards`` equal slot ranges, and its key carries a hash tag that puts
+    it in that same range: on a cluster it lives on the node of (nearly
+    all) the values it lists, so a node that is down costs its own puts
+    only, and a put's SADD reaches its node before the SETs it indexes."""
+
+    def __init__(self, shards: int) -> None:
+        self.shards = shards
+        self._tags = _slot_tags(shards)
+
+    def key(self, key_prefix: bytes, ns_tag: bytes, value_key: bytes) -> bytes:
+        """The set listing the value under pool key ``value_key``."""
+        return self.nth(key_prefix, ns_tag, key_slot(value_key) * self.shards // SLOTS)
+
+    def nth(self, key_prefix: bytes, ns_tag: bytes, j: int) -> bytes:
+        return key_prefix + b"ns:" + ns_tag + b":{" + self._tags[j] + b"}"
+
+    def every(self, key_prefix: bytes, ns_tag: bytes) -> list[bytes]:
+        """Every set of a namespace, and the one set of pools written before
+        the index was split."""
+        sets = [self.nth(key_prefix, ns_tag, j) for j in range(self.shards)]
+        return [*sets, key_prefix + b"ns:" + ns_tag]
 
 
-def shard_of(value_key: bytes, shards: int) -> int:
-    """Which of ``shards`` index sets lists ``value_key``."""
-    return zlib.crc32(value_key) % shards
+def _slot_tags(shards: int) -> list[bytes]:
+    """Per slot range j of ``shards``, a short hash tag whose slot lies in it."""
+    tags: list[bytes | None] = [None] * shards
+    left, i = shards, 0
+    while left:
+        tag = b"%x" % i
+        j = key_slot(tag) * shards // SLOTS
+        if tags[j] is None:
+            tags[j] = tag
+            left -= 1
+        i += 1
+    return [t for t in tags if t is not None]
 
 
 class Cuts:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+import redis
 from redis.backoff import NoBackoff
 from redis.connection import Connection, PythonRespSerializer, SSLConnection
 from redis.retry import Retry
@@ -98,6 +99,15 @@ def connection_kwargs(config: ValkeyConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _closed_by_peer(conn: Connection) -> bool:
+    """Whether an idle connection has something to read: the server closed it
+    (nothing else arrives on a connection with no command in flight)."""
+    try:
+        return bool(conn.can_read(timeout=0))
+    except (OSError, redis.exceptions.RedisError):
+        return True
+
+
 class PoolNode:
     """One server of the pool: idle connections and health. Thread-safe."""
 
@@ -127,6 +137,10 @@ class PoolNode:
             conn = self._idle.pop() if self._idle else None
         if conn is None:
             conn = self._kind(**self._kwargs)
+        elif conn._sock is not None and _closed_by_peer(conn):
+            conn.disconnect()  # the server dropped it while idle (restart, CLIENT KILL, timeout)
+            with self._lock:
+                self._up = False  # a reconnect: the server may have restarted
         if conn._sock is None:
             conn.socket_connect_timeout = max(0.001, connect_timeout_s)
             try:
@@ -141,8 +155,9 @@ class PoolNode:
         return conn
 
     def came_up(self) -> bool:
-        """True once after a connection succeeded for the first time, or for
-        the first time since the node was marked down (e.g. to subscribe again)."""
+        """True once after a connection succeeded for the first time, for the
+        first time since the node was marked down, or in place of one the
+        server dropped (it may have restarted: settings are read again)."""
         with self._lock:
             came, self._came_up = self._came_up, False
         return came

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -159,36 +160,42 @@ class KeyspaceObserver:
         self._channels = [f"__keyevent@{db}__:{event}" for event in REMOVAL_EVENTS]
         self._lock = threading.Lock()
         self._nodes: dict[str, tuple[threading.Thread, threading.Event]] = {}  # name -> (thread, stop)
+        self._subscribed: dict[str, threading.Event] = {}  # name -> set while subscribed
 
     def sync(self, clients: dict[str, redis.Redis], wait_s: float = 3.0) -> None:
         """Observe exactly the nodes of ``clients`` (name -> client): new ones
-        get a thread (subscribed before this returns, where they answer within
-        ``wait_s``), gone ones are stopped."""
-        ready: list[threading.Event] = []
+        get a thread, gone ones are stopped; returns once every observed node
+        is subscribed (again, after a restart), or after ``wait_s``, so that
+        puts that follow have their removals reported where the nodes are up."""
+        waits: list[threading.Event] = []
         with self._lock:
             for name in list(self._nodes):
                 if name not in clients:
                     self._nodes.pop(name)[1].set()
+                    self._subscribed.pop(name, None)
             for name, client in clients.items():
                 if name in self._nodes or self._stop.is_set():
                     client.close()
                     continue
-                stop, event = threading.Event(), threading.Event()
+                stop, subscribed = threading.Event(), threading.Event()
                 thread = threading.Thread(
-                    target=self._listen, args=(client, event, stop),
+                    target=self._listen, args=(client, subscribed, stop),
                     name="radixcache-pool-events", daemon=True,
                 )  # fmt: skip
                 self._nodes[name] = (thread, stop)
-                ready.append(event)
+                self._subscribed[name] = subscribed
                 thread.start()
-        for event in ready:  # subscribed before the next put, where the nodes are up
-            event.wait(timeout=wait_s)
+            waits = list(self._subscribed.values())
+        deadline = time.monotonic() + wait_s
+        for subscribed in waits:
+            subscribed.wait(timeout=max(0.0, deadline - time.monotonic()))
 
     def nodes(self) -> list[str]:
+        """The nodes whose removals are observed now (subscribed)."""
         with self._lock:
-            return sorted(self._nodes)
+            return sorted(name for name, sub in self._subscribed.items() if sub.is_set())
 
-    def _listen(self, client: redis.Redis, ready: threading.Event, stop: threading.Event) -> None:
+    def _listen(self, client: redis.Redis, subscribed: threading.Event, stop: threading.Event) -> None:
         while not (self._stop.is_set() or stop.is_set()):
             pubsub = client.pubsub()
             try:
@@ -201,14 +208,14 @@ class KeyspaceObserver:
                     if message["type"] == "subscribe":
                         confirmed += 1
                         if confirmed == len(self._channels):
-                            ready.set()
+                            subscribed.set()
                     elif message["type"] == "message":
                         key = message["data"]
                         if isinstance(key, bytes) and key.startswith(self._prefix):
                             self._report([key[self._cut :]])
             except (redis.exceptions.RedisError, OSError):
-                ready.set()  # do not hold up the opening of the store
-                stop.wait(0.5)  # the node is down: try again shortly
+                subscribed.clear()
+                stop.wait(0.1)  # the node is down or restarting: try again shortly
             finally:
                 try:
                     pubsub.close()

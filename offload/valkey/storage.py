@@ -249,7 +249,7 @@ class ValkeyStorage(StorageBase):
             lookup_round_trips=self._probe.round_trips,
             unavailable=self._reader.unavailable + self._writer.unavailable + self._lookup_unavailable,
             connects=self._link.connects,
-            removals_observed=self._observer is not None and bool(self._observer.nodes()),
+            removals_observed=self._observer is not None and len(self._observer.nodes()) == len(nodes) > 0,
             maxmemory=self._maxmemory,
             policy=self._policy,
             nodes=len(nodes),

@@ -16,10 +16,11 @@ pages it reaches back over, and a value that reaches back over fewer than
 this put's is replaced by this one). A value whose page a reader refused
 (offload/valkey/reader.py: ``Suspects``) is rewritten (``SET`` without NX).
 
-Index before records: on one server, a put's SADDs open its pipeline; on a
-cluster (where the index sets and the values live on other nodes) they are
-sent and answered first. A connection lost half way leaves index entries
-without values (harmless), never a value missing from the index.
+Index before records: a put's SADDs open its pipeline, and each value's
+index set lives on the value's own node (offload/valkey/layout.py), so a
+connection lost half way leaves index entries without values (harmless);
+a value whose SADD failed (on the rare set kept on another node) is
+deleted again, so forget_namespace finds every value that stays.
 
 Failures never escape a thread: a pool that is down, a node that is down or
 a refused SET (out of memory under ``noeviction``: warned at most once per
@@ -51,7 +52,7 @@ from radixcache.offload.storage import (
     WriteJob,
 )
 from radixcache.offload.storage import chunk
-from radixcache.offload.valkey.layout import Cuts, namespace_key, shard_of
+from radixcache.offload.valkey.layout import Cuts, IndexSets
 from radixcache.offload.valkey.link import Command, PoolLink, PoolUnavailable
 from radixcache.offload.valkey.nodes import Scattered
 from radixcache.offload.valkey.removals import Suspects, ValueIndex
@@ -126,10 +127,9 @@ class PoolWriter(JobWriter):
         self._check_first = check_first
         self._key_prefix = config.key_prefix  # pool key = key prefix + record key
         self._cut = len(config.key_prefix)  # pool key[cut:]: record key
-        self._shards = config.namespace_shards
+        self._sets = IndexSets(config.namespace_shards)
         self._ttl = config.ttl_s
         self._batch = config.batch_pages  # pages per send chunk at most
-        self._two_trips = config.cluster  # the index sets live on other nodes
         self._seq = time.time_ns() // 1000  # write seq of the next record: ordered across engines
         self._after_job = after_job
         self._refused = RateLimitedLog(log)  # puts refused by a full pool repeat
@@ -236,17 +236,19 @@ class PoolWriter(JobWriter):
             self._done()
 
     def _store(self, job: PutJob, progress: _PutProgress, runs: list[_Run]) -> None:
-        """Index, (check,) and SET one chunk's values; add the outcome to ``progress``.
+        """Index, (check,) and SET one chunk's values in one round trip; add
+        the outcome to ``progress``.
 
         Per value, ``before``: how many of its pages (from its end) a value
         already under its key covered; the pages before those are this put's
         to announce. A value there that reaches back over fewer pages than
-        this put's is replaced in a second round trip."""
-        index = self._index_commands(job.ns_tag, runs)
+        this put's is replaced in a second round trip. A value whose index
+        entry could not be written (its set's node down) ends the put there,
+        and is deleted again if it was written (best effort)."""
+        sets = self._index_sets(job.ns_tag, runs)
         there = self._present(runs) if self._check_first else [0] * len(runs)
-        if index and self._two_trips and not self._ok(self._link.run(index)):
-            return self._stop(progress)
-        commands: list[Command] = [] if self._two_trips else list(index)
+        commands: list[Command] = [("SADD", key, *members) for key, members in sets.items()]
+        set_at = {key: i for i, key in enumerate(sets)}
         at: list[int] = []  # per run, where its two replies start (-1: not sent)
         for run, found in zip(runs, there):
             if found >= run.end - run.start:
@@ -259,13 +261,18 @@ class PoolWriter(JobWriter):
             else:  # the value unless one is there, then what is there now
                 commands += [("SET", run.key, run.value, "NX", *self._expiry()), head]
         nbytes = sum(run.value.nbytes for run, i in zip(runs, at) if i >= 0)
-        replies = self._link.run(commands, nbytes=nbytes) if commands else []
-        if not self._two_trips and not self._ok(replies[: len(index)]):
-            return self._stop(progress)
+        replies = self._link.run(commands, nbytes=nbytes)
         before: list[int | None] = []  # per run; None: failed (the put stops there)
         short: list[_Run] = []
+        orphans: list[bytes] = []
         for run, found, i in zip(runs, there, at):
             pages = run.end - run.start
+            indexed = replies[set_at[self._sets.key(self._key_prefix, job.ns_tag, run.key)]]
+            if not self._ok((indexed,)):
+                if i >= 0 and (_set(replies[i]) or run.rewrite):
+                    orphans.append(run.key)  # written, but not in its namespace's index
+                before.append(None)
+                break
             if i < 0:
                 before.append(pages)
                 continue
@@ -282,6 +289,8 @@ class PoolWriter(JobWriter):
                 before.append(covered)
                 if covered < pages:  # another engine's value there reaches back over fewer
                     short.append(run)
+        if orphans:
+            self._link.run([("DEL", key) for key in orphans])
         replaced = self._replace(short) if short else set()
         shorter = {id(run) for run in short}
         for run, had in zip(runs, before):
@@ -315,14 +324,12 @@ class PoolWriter(JobWriter):
         replies = self._link.run([("GETRANGE", run.key, 0, chunk.PREFIX_BYTES - 1) for run in runs])
         return [_count(reply) for reply in replies]
 
-    def _index_commands(self, ns_tag: bytes, runs: list[_Run]) -> list[Command]:
-        shards: dict[int, list[bytes]] = {}
+    def _index_sets(self, ns_tag: bytes, runs: list[_Run]) -> dict[bytes, list[bytes]]:
+        """The namespace index sets ``runs``' values go into, and their members."""
+        sets: dict[bytes, list[bytes]] = {}
         for run in runs:
-            shards.setdefault(shard_of(run.key, self._shards), []).append(run.key)
-        return [
-            ("SADD", namespace_key(self._key_prefix, ns_tag, shard), *keys)
-            for shard, keys in sorted(shards.items())
-        ]
+            sets.setdefault(self._sets.key(self._key_prefix, ns_tag, run.key), []).append(run.key)
+        return sets
 
     def _ok(self, replies: Sequence[Any]) -> bool:
         """False (counted; a refusal warned, rate-limited) if a reply failed."""
@@ -375,8 +382,7 @@ class PoolWriter(JobWriter):
         return removed
 
     def _forget(self, job: ForgetJob) -> None:
-        sets = [namespace_key(self._key_prefix, job.ns_tag, s) for s in range(self._shards)]
-        sets.append(namespace_key(self._key_prefix, job.ns_tag))  # written before the split
+        sets = self._sets.every(self._key_prefix, job.ns_tag)
         replies = self._link.run([("SMEMBERS", key) for key in sets])
         failed = next((r for r in replies if isinstance(r, Exception)), None)
         members = sorted({m for reply in replies if isinstance(reply, (set, list)) for m in reply})
@@ -402,9 +408,9 @@ class PoolWriter(JobWriter):
         index sets (best effort: what fails stays listed until a forget)."""
         gone = self._values.take_trims()
         if gone:
+            pkeys = [(self._key_prefix + key, tag) for key, tag in gone]
             self._link.run([
-                ("SREM", namespace_key(self._key_prefix, tag, shard_of(key, self._shards)), key)
-                for key, tag in gone
+                ("SREM", self._sets.key(self._key_prefix, tag, pkey), pkey) for pkey, tag in pkeys
             ])  # fmt: skip
 
 

@@ -11,7 +11,7 @@ falls back to index-only scoring with a warning.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -159,3 +159,35 @@ def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, mon
         assert index.choose(prompt.tolist(), loads).pool_blocks == 3
     finally:
         lookup.close()
+
+
+def test_the_router_lookup_takes_the_password_as_the_engines_do(
+    pool_kit_at: Callable[[str], PoolKit], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect 5: ``pool_lookup(url)`` ignored RADIXCACHE_VALKEY_PASSWORD and
+    answered None on a protected pool; it reads the URL as engines do."""
+    from radixcache.offload.backends import PASSWORD_ENV, open_backend
+    from tests.offload.valkey.valkey_servers import ValkeyServer
+
+    secret = "r0uter-s3cret"
+    server = ValkeyServer(password=secret)
+    try:
+        monkeypatch.setenv(PASSWORD_ENV, secret)
+        kit = pool_kit_at(server.url)  # the URL carries no password
+        tokens = list(range(40, 40 + 3 * BS))
+        keys = engine_keys(tokens, BS, None, None)
+        engine = open_backend(server.url, kit.spec, kit.fingerprint).storage
+        try:
+            toks = np.asarray(tokens, dtype=np.int32).reshape(3, BS)
+            ticket = engine.put(keys, toks, kit.host(3), kit.ids(0, 1, 2), Namespace().digest())
+            assert kit.done(ticket) == 3
+        finally:
+            engine.close()
+        lookup = pool_lookup(server.url, model_id="tiny-model", spec=kit.spec)
+        try:
+            assert lookup(tokens, BS) == 3
+            assert secret not in repr(lookup)
+        finally:
+            lookup.close()
+    finally:
+        server.stop()
