@@ -66,6 +66,11 @@ class ReadHints:
             while len(self._seen) > _HINTS:
                 self._seen.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget every lookup (a put of this process may have moved values)."""
+        with self._lock:
+            self._seen.clear()
+
     def ends(self, rkeys: list[bytes]) -> list[int] | None:
         """Positions of ``rkeys`` holding values, if a lookup of this prefix
         (the same first and ``len(rkeys)``-th key: chained keys bind all

@@ -46,11 +46,16 @@ from typing import Any
 from radixcache.events.types import EXTERNAL, Medium
 from radixcache.offload.storage import (
     HeldRemovalLog,
+    HostPages,
     ModelFingerprint,
+    PageBuffer,
+    PutMeta,
     RecordMeta,
     StorageBase,
     StoreSizes,
+    TokenPages,
 )
+from radixcache.transfer.ticket import Ticket
 from radixcache.offload.valkey.config import ValkeyConfig
 from radixcache.offload.valkey.layout import Cuts
 from radixcache.offload.valkey.link import PoolLink, PoolUnavailable
@@ -229,6 +234,20 @@ class ValkeyStorage(StorageBase):
             self._lookup_unavailable += 1
         self._hints.note(rkeys, counts)
         return found
+
+    def put(
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+        namespace: bytes,
+        meta: PutMeta | None = None,
+    ) -> Ticket:
+        """As the base's; the reads that follow no longer trust earlier lookups
+        of where values end (this put may rewrite or replace some)."""
+        self._hints.clear()
+        return super().put(keys, tokens, host, host_pages, namespace, meta)
 
     def scan(self) -> Iterator[RecordMeta]:
         """Nothing: the pool's records belong to every engine that uses it, so an
