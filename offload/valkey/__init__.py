@@ -34,7 +34,7 @@ from radixcache.offload.valkey.config import SCHEMES, ValkeyConfig, redact_url
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from radixcache.offload.valkey.link import PoolUnavailable
     from radixcache.offload.valkey.lookup import PoolLookup
-    from radixcache.offload.valkey.scratch import scratch_server
+    from radixcache.offload.valkey.scratch import ScratchCluster, scratch_cluster, scratch_server
     from radixcache.offload.valkey.storage import PoolStats, ValkeyStorage
 
 _NAMES = LazyNames(
@@ -44,6 +44,8 @@ _NAMES = LazyNames(
         "PoolStats": "radixcache.offload.valkey.storage",
         "PoolUnavailable": "radixcache.offload.valkey.link",
         "ValkeyStorage": "radixcache.offload.valkey.storage",
+        "ScratchCluster": "radixcache.offload.valkey.scratch",
+        "scratch_cluster": "radixcache.offload.valkey.scratch",
         "scratch_server": "radixcache.offload.valkey.scratch",
     },
     eager=("SCHEMES", "ValkeyConfig", "redact_url"),

@@ -126,6 +126,7 @@ class PoolNode:
         self.connects = 0  # connections opened (the first ones, then reconnects)
         self._up = False  # a connection succeeded since it was last marked down
         self._came_up = False  # ... and nobody was told yet (``came_up``)
+        self._outage = False  # marked down, and no connection has succeeded since
 
     def available(self, now: float | None = None) -> bool:
         return (time.monotonic() if now is None else now) >= self.down_until
@@ -150,6 +151,7 @@ class PoolNode:
                 raise
             with self._lock:
                 self.connects += 1
+                self._outage = False
                 if not self._up:
                     self._up = self._came_up = True
         return conn
@@ -173,11 +175,12 @@ class PoolNode:
         conn.disconnect()
 
     def mark_down(self, error: str, retry_after_s: float) -> bool:
-        """Down for ``retry_after_s``; its idle connections are closed. True if
-        it was up (the first failure of an outage)."""
+        """Down for ``retry_after_s``; its idle connections are closed. True for
+        the first failure of an outage (none since a connection last succeeded)."""
         now = time.monotonic()
         with self._lock:
-            first = self.down_until <= now
+            first = not self._outage
+            self._outage = True
             self.down_until = now + retry_after_s
             self.last_error = error
             self.failures += 1

@@ -94,17 +94,19 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 AUTO_POOL = "valkey://auto"  # a scratch pool the command starts (and stops) itself
+AUTO_CLUSTER = "valkey://auto?cluster=true"  # ... a scratch 3-node cluster
 
 
 def storage_url(text: str) -> str:
     """A storage backend as ``TierConfig(storage=...)`` takes it: an LMDB
     directory or ``lmdb://`` URL, a ``valkey://``/``valkeys://``/``redis://``/
-    ``rediss://`` pool URL, or ``valkey://auto``. Checked here, returned as
-    given; messages show the URL with its password as ``***``."""
+    ``rediss://`` pool URL, ``valkey://auto`` or ``valkey://auto?cluster=true``.
+    Checked here, returned as given; messages show the URL with its password
+    as ``***``."""
     from radixcache.offload import storage_config
 
-    if text.strip().lower() == AUTO_POOL:
-        return AUTO_POOL
+    if text.strip().lower() in (AUTO_POOL, AUTO_CLUSTER):
+        return text.strip().lower()
     try:
         storage_config(text)
     except (ValueError, TypeError) as err:

