@@ -104,9 +104,9 @@ class ValkeyConfig:
         if self.chunk_pages is not None:
             positive_int("chunk_pages", self.chunk_pages)
             if self.chunk_pages > MAX_CHUNK_PAGES:
-                raise ValueError(f"chunk_pages must be at most {MAX_CHUNK_PAGES}, got {self.chunk_pages}")
+                raise ValueError(f"chunk_pages must be <= {MAX_CHUNK_PAGES}, got {self.chunk_pages}")
         if not isinstance(self.seeds, tuple):
-            raise TypeError(f"seeds must be a tuple of (host, port), got {type(self.seeds).__name__}")
+            raise TypeError(f"seeds must be a tuple of (host, port), not {type(self.seeds).__name__}")
         for seed in self.seeds:
             if (
                 not isinstance(seed, tuple) or len(seed) != 2 or not isinstance(seed[0], str)
@@ -190,20 +190,21 @@ def _nodes(hostlist: str, shown: str) -> list[Node]:
 def _option(name: str, value: str, shown: str) -> object:
     """A query option's value, checked (the config checks ranges)."""
     if name not in URL_OPTIONS:
-        raise ValueError(f"pool URL {shown!r}: unknown option {name!r} (known: {', '.join(URL_OPTIONS)})")
+        known = ", ".join(URL_OPTIONS)
+        raise ValueError(f"pool URL {shown!r}: unknown option {name!r} (known: {known})")
     if name == "cluster":
         if value.lower() not in _TRUE | _FALSE:
             raise ValueError(f"pool URL {shown!r}: cluster must be true or false, got {value!r}")
         return value.lower() in _TRUE
     if name == "chunk_pages":
         if not value.isdigit():
-            raise ValueError(f"pool URL {shown!r}: chunk_pages must be a positive int, got {value!r}")
+            raise ValueError(f"pool URL {shown!r}: chunk_pages must be an int >= 1, got {value!r}")
         return int(value)
     if name.endswith("_s"):
         try:
             return float(value)
         except ValueError:
-            raise ValueError(f"pool URL {shown!r}: {name} must be a number, got {value!r}") from None
+            raise ValueError(f"pool URL {shown!r}: {name} must be a number: {value!r}") from None
     return value  # a file path
 
 

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 from redis.crc import key_slot
 
+from radixcache.offload.storage import chunk
 from radixcache.offload.valkey.topology import SLOTS
 
 CHUNK_CAP = 4  # a value holds at most CHUNK_CAP * N pages (without a boundary)
@@ -160,6 +162,19 @@ def leading(counts: Sequence[int], flags: Sequence[bool]) -> int:
             return i  # the first value after page i does not reach back to it
         i = j + 1
     return n
+
+
+def wrote(reply: Any) -> bool:
+    """Whether a SET reply (unparsed: ``OK`` or nil) says it wrote."""
+    return reply == b"OK" or reply is True
+
+
+def value_pages(reply: Any) -> int:
+    """Pages a value reaches back over, from its first bytes (a GETRANGE
+    reply); 0 when there is no value (or the reply is no value)."""
+    if not isinstance(reply, bytes) or not reply:
+        return 0
+    return chunk.value_count(reply)
 
 
 def next_boundaries(flags: Sequence[bool]) -> list[int]:

@@ -1,4 +1,4 @@
-"""The connection to the pool: commands routed to their nodes, one round trip a call, health per node.
+"""The connection to the pool: commands routed to their nodes, one round trip a call.
 
 Every command this library sends goes through ``PoolLink``: a call groups
 its commands by the node that serves each key (offload/valkey/topology.py),
@@ -73,7 +73,8 @@ class PoolLink:
         self.config = config
         self._lock = threading.Lock()
         self._nodes: dict[Node, PoolNode] = {}
-        self._layout: Layout | None = None if config.cluster else single(self._node(config.nodes[0]))
+        first = self._node(config.nodes[0])
+        self._layout: Layout | None = None if config.cluster else single(first)
         self._stale = config.cluster  # the slot map must be learnt (again)
         self._learnt_at = float("-inf")  # monotonic time of the last discovery attempt
         self._learning = threading.Lock()
@@ -156,7 +157,8 @@ class PoolLink:
             if learnt is None:
                 self._down_all(f"no node answered CLUSTER SLOTS ({error})")
                 return layout
-            changed = layout is None or {n.addr for n in learnt.nodes} != {n.addr for n in layout.nodes}
+            before = set() if layout is None else {n.addr for n in layout.nodes}
+            changed = before != {n.addr for n in learnt.nodes}
             self._layout, self._stale = learnt, False
             self.discoveries += 1
         finally:
@@ -200,7 +202,8 @@ class PoolLink:
             return [self._judge(node, self._reply(conn)) for _ in positions]
 
         keys = [command[1] for command in commands]
-        for positions, replies in self._call(keys, lambda ps: [commands[i] for i in ps], read, nbytes):
+        calls = self._call(keys, lambda ps: [commands[i] for i in ps], read, nbytes)
+        for positions, replies in calls:
             for i, reply in zip(positions, replies):
                 out[i] = reply
         return out
@@ -240,7 +243,8 @@ class PoolLink:
                 replies.append(got)
             return replies
 
-        for positions, replies in self._call(keys, lambda ps: [("GET", keys[i]) for i in ps], read, nbytes):
+        calls = self._call(keys, lambda ps: [("GET", keys[i]) for i in ps], read, nbytes)
+        for positions, replies in calls:
             for i, reply in zip(positions, replies):
                 out[i] = reply
         return out
@@ -296,7 +300,8 @@ class PoolLink:
         out = []
         for node, conn, positions in sent:
             if node is None:
-                out.append((positions, [self._unavailable("slot served by no node")] * len(positions)))
+                unserved = self._unavailable("slot served by no node")
+                out.append((positions, [unserved] * len(positions)))
             else:
                 out.append((positions, self._receive(node, conn, positions, deadline, read)))
         return out
@@ -370,7 +375,9 @@ class PoolLink:
             return self._error_text(text, node, reply)
         return reply
 
-    def _error_text(self, text: str, node: PoolNode | None, exc: BaseException | None = None) -> Any:
+    def _error_text(
+        self, text: str, node: PoolNode | None, exc: BaseException | None = None
+    ) -> Any:
         """Classify an error reply: node-level "not now" errors (see the module
         docstring) mark the node down; ``MOVED``, ``ASK``, ``TRYAGAIN`` and
         unserved slots make this command unavailable (``MOVED`` and those

@@ -152,7 +152,8 @@ class PoolLookup:
             keys = self._keys_of(tokens, block_size, lora_id, lora_name, cache_salt, extra_keys)
             found, _counts = self._probe.leading([self._digest + key for key in keys])
             if self._probe.unavailable and found == 0:
-                raise PoolUnavailable(f"pool {self._link.config.describe()}: {self._link.last_error}")
+                why = self._link.last_error
+                raise PoolUnavailable(f"pool {self._link.config.describe()}: {why}")
             return found
         except (StorageError, ValueError, TypeError) as exc:
             self._warn.warning("pool query failed (%s); routing on the index alone", exc)

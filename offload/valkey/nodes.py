@@ -116,7 +116,8 @@ class PoolNode:
         self.name = f"{addr[0]}:{addr[1]}"
         self._config = config
         self._kind = PageSSLConnection if config.tls else PageConnection
-        self._kwargs = {**connection_kwargs(config), "host": addr[0], "port": addr[1], "db": config.db}
+        self._kwargs = {**connection_kwargs(config), "host": addr[0], "port": addr[1]}
+        self._kwargs["db"] = config.db
         self._lock = threading.Lock()
         self._idle: list[Connection] = []
         self._closed = False

@@ -1,4 +1,4 @@
-"""The pool's read transport: GETs received straight into host pages, the next batch fetched meanwhile.
+"""The pool's read transport: GETs received straight into host pages, the next batch meanwhile.
 
     get --> PageReader (offload/storage/reader.py), on a reader thread:
               _values: per batch, one round trip of GETs whose records land in

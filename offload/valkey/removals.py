@@ -159,7 +159,7 @@ class KeyspaceObserver:
         self._stop = threading.Event()
         self._channels = [f"__keyevent@{db}__:{event}" for event in REMOVAL_EVENTS]
         self._lock = threading.Lock()
-        self._nodes: dict[str, tuple[threading.Thread, threading.Event]] = {}  # name -> (thread, stop)
+        self._nodes: dict[str, tuple[threading.Thread, threading.Event]] = {}  # (thread, stop)
         self._subscribed: dict[str, threading.Event] = {}  # name -> set while subscribed
 
     def sync(self, clients: dict[str, redis.Redis], wait_s: float = 3.0) -> None:
@@ -195,7 +195,9 @@ class KeyspaceObserver:
         with self._lock:
             return sorted(name for name, sub in self._subscribed.items() if sub.is_set())
 
-    def _listen(self, client: redis.Redis, subscribed: threading.Event, stop: threading.Event) -> None:
+    def _listen(
+        self, client: redis.Redis, subscribed: threading.Event, stop: threading.Event
+    ) -> None:
         while not (self._stop.is_set() or stop.is_set()):
             pubsub = client.pubsub()
             try:

