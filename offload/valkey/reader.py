@@ -136,8 +136,11 @@ class _Plan:
                     self.heads[p] = SHORT
 
     def decided(self, p: int, fetched_to: int) -> bool:
-        """Whether page ``p`` can still be found in keys past ``fetched_to``."""
-        return self.owner[p] >= 0 or self.nxt[p] < fetched_to or fetched_to >= self.n
+        """Whether page ``p`` is settled with the replies filed so far (keys
+        before ``fetched_to``): its record is filed, or no later key can hold
+        it. (The fetch of the next batch places pages as it parses them:
+        ``owner`` alone may be ahead of the filed replies.)"""
+        return self.heads[p] is not None or self.nxt[p] < fetched_to or fetched_to >= self.n
 
     def lost_to_unavailable(self, p: int) -> bool:
         """Whether a reply that could have held page ``p`` was "not now"."""
@@ -208,7 +211,7 @@ class PoolReader(PageReader):
                     plan.take(j, reply)
                 fetched_to = batch[-1] + 1 if k + 1 < len(batches) else plan.n
                 while p < plan.n and plan.decided(p, fetched_to):
-                    if plan.owner[p] < 0:
+                    if plan.heads[p] is None:
                         if plan.lost_to_unavailable(p):
                             raise PoolUnavailable(f"page {p} of a read: its node did not answer")
                         yield None

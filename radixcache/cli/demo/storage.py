@@ -18,8 +18,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
 
-from radixcache.cli.options import AUTO_CLUSTER, AUTO_POOL
 from radixcache.cli.parser import UsageError, describe
 from radixcache.offload import StorageConfig, ValkeyConfig, storage_config
 
@@ -76,26 +76,28 @@ def demo_store(args: argparse.Namespace) -> Iterator[DemoStore]:
     if args.storage is None:
         yield DemoStore(lmdb=_lmdb(args, None), pool=None)
         return
-    if args.storage == AUTO_POOL:
-        from radixcache.offload.valkey import scratch_server
-
+    auto = urlsplit(args.storage)
+    if auto.netloc.lower() == "auto":  # a scratch pool, with the URL's options
+        options = dict(parse_qsl(auto.query))
+        cluster = options.pop("cluster", "false").lower() in ("1", "true", "yes", "on")
+        query = "&".join(f"{k}={v}" for k, v in options.items())
         with ExitStack() as stack:
             try:
-                url = stack.enter_context(scratch_server(maxmemory=args.storage_mib << 20))
-            except (OSError, RuntimeError) as err:
-                raise UsageError(f"--storage {AUTO_POOL}: {describe(err)}") from None
-            yield DemoStore(lmdb=None, pool=ValkeyConfig.from_url(url), scratch=True)
-        return
-    if args.storage == AUTO_CLUSTER:
-        from radixcache.offload.valkey import scratch_cluster
+                if cluster:
+                    from radixcache.offload.valkey import scratch_cluster
 
-        with ExitStack() as stack:
-            try:
-                cluster = stack.enter_context(scratch_cluster(maxmemory=args.storage_mib << 20))
+                    handle = stack.enter_context(scratch_cluster(maxmemory=args.storage_mib << 20))
+                    url, started = handle.url, handle
+                else:
+                    from radixcache.offload.valkey import scratch_server
+
+                    url = stack.enter_context(scratch_server(maxmemory=args.storage_mib << 20))
+                    started = None
             except (OSError, RuntimeError) as err:
-                raise UsageError(f"--storage {AUTO_CLUSTER}: {describe(err)}") from None
-            pool = ValkeyConfig.from_url(cluster.url)
-            yield DemoStore(lmdb=None, pool=pool, scratch=True, cluster=cluster)
+                raise UsageError(f"--storage {args.storage}: {describe(err)}") from None
+            url += ("&" if "?" in url else "?") + query if query else ""
+            pool = ValkeyConfig.from_url(url)
+            yield DemoStore(lmdb=None, pool=pool, scratch=True, cluster=started)
         return
     try:
         config = storage_config(args.storage)

@@ -167,3 +167,33 @@ def test_ranks_sharing_one_copy_store_each_page_once(pool_kit: PoolKit, servers:
     assert np.array_equal(dst.as_bytes(), host.as_bytes())
     apart = pool_kit.pool(ModelFingerprint("mla", spec, 1), chunk_pages=N)  # not shared: its own
     assert apart.longest_prefix(keys) == 0
+
+
+@pytest.mark.parametrize("pages_per_value", [1, N])
+def test_reads_of_several_batches_serve_every_page_every_time(
+    pool_kit: PoolKit, pages_per_value: int
+) -> None:
+    """A read longer than a batch fetches the next batch while it files the
+    first; a page is served only once its record is filed (a race that once
+    cut such reads short at the batch boundary, now and then)."""
+    pool = pool_kit.pool(chunk_pages=pages_per_value, batch_pages=8, num_readers=2)
+    reader = pool._reader
+    verify = reader._verify
+
+    def slow_verify(*args: Any) -> bool:  # holds each read mid-way: the next batch's fetch runs ahead
+        time.sleep(0.002)
+        return verify(*args)
+
+    reader._verify = slow_verify  # type: ignore[method-assign]
+    n = 53
+    keys, tokens, host = pool_kit.keys(n, b"batches"), pool_kit.tokens(n), pool_kit.host(n, seed=9)
+    ids = np.arange(n, dtype=np.int32)
+    assert pool_kit.done(pool.put(keys, tokens, host, ids, b"ns")) == n
+    for round_ in range(6):
+        if round_ % 2:
+            assert pool.longest_prefix(keys) == n  # half the reads follow a lookup (hints)
+        dsts = [pool_kit.host(n, seed=round_) for _ in range(3)]
+        tickets = [pool.get(keys, tokens, dst, ids) for dst in dsts]  # at once, on both readers
+        assert [pool_kit.done(t) for t in tickets] == [n, n, n]
+        assert all(np.array_equal(dst.as_bytes(), host.as_bytes()) for dst in dsts)
+    assert pool.stats().misses == 0
