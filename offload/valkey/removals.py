@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 REMOVAL_EVENTS = ("del", "expired", "evicted")
 _NEEDED_FLAGS = {"g": "del", "x": "expired", "e": "evicted"}
-VALUES_LIMIT = 1 << 22  # values remembered per process
+VALUES_LIMIT = 1 << 20  # values remembered per process (about 150-200 B each)
 SUSPECTS_LIMIT = 1 << 16  # pages to rewrite, remembered at most
 
 
@@ -59,7 +59,8 @@ class ValueIndex:
     def __init__(self, limit: int = VALUES_LIMIT) -> None:
         self._lock = threading.Lock()
         self._limit = limit
-        self._values: OrderedDict[bytes, tuple[tuple[bytes, ...], int]] = OrderedDict()
+        # value key -> namespace tag id (a one-page value), or (its earlier pages, tag id)
+        self._values: OrderedDict[bytes, int | tuple[tuple[bytes, ...], int]] = OrderedDict()
         self._holder: dict[bytes, bytes] = {}  # a page before a value's last -> the value
         self._tags: dict[bytes, int] = {}  # namespace tag -> small id (one copy of each tag)
         self._tag_of: list[bytes] = []
@@ -73,15 +74,15 @@ class ValueIndex:
                 tid = self._tags[tag] = len(self._tag_of)
                 self._tag_of.append(tag)
             earlier = tuple(rkeys[:-1])
-            self._values[vkey] = (earlier, tid)
+            self._values[vkey] = (earlier, tid) if earlier else tid  # (an int is smaller)
             self._values.move_to_end(vkey)
             for rkey in earlier:
                 self._holder[rkey] = vkey
             while len(self._values) > self._limit:
                 self._forget(*self._values.popitem(last=False))
 
-    def _forget(self, vkey: bytes, entry: tuple[tuple[bytes, ...], int]) -> None:
-        for rkey in entry[0]:
+    def _forget(self, vkey: bytes, entry: int | tuple[tuple[bytes, ...], int]) -> None:
+        for rkey in () if isinstance(entry, int) else entry[0]:
             if self._holder.get(rkey) == vkey:
                 del self._holder[rkey]
 
@@ -102,8 +103,9 @@ class ValueIndex:
                 entry = self._values.pop(vkey, None)
                 if entry is not None:
                     self._forget(vkey, entry)
-                    pages.extend(rkey[rec.FINGERPRINT_BYTES :] for rkey in entry[0])
-                    self._trims.append((vkey, self._tag_of[entry[1]]))
+                    earlier, tid = ((), entry) if isinstance(entry, int) else entry
+                    pages.extend(rkey[rec.FINGERPRINT_BYTES :] for rkey in earlier)
+                    self._trims.append((vkey, self._tag_of[tid]))
                 pages.append(vkey[rec.FINGERPRINT_BYTES :])
             del self._trims[: max(0, len(self._trims) - VALUES_LIMIT)]
         return pages
