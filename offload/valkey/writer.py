@@ -251,7 +251,7 @@ class PoolWriter(JobWriter):
         there = self._present(runs) if self._check_first else [0] * len(runs)
         commands: list[Command] = [("SADD", key, *members) for key, members in sets.items()]
         set_at = {key: i for i, key in enumerate(sets)}
-        at: list[int] = []  # per run, where its two replies start (-1: not sent)
+        at: list[int] = []  # per run, where its replies start (-1: not sent)
         for run, found in zip(runs, there):
             if found >= run.end - run.start:
                 at.append(-1)  # there already (checked first): nothing sent
@@ -260,8 +260,9 @@ class PoolWriter(JobWriter):
             head = ("GETRANGE", run.key, 0, chunk.PREFIX_BYTES - 1)
             if run.rewrite:  # what was there, then the value in its place
                 commands += [head, ("SET", run.key, run.value, *self._expiry())]
-            else:  # the value unless one is there, then what is there now
-                commands += [("SET", run.key, run.value, "NX", *self._expiry()), head]
+            else:  # the value unless one is there (then, for several pages, what is)
+                commands.append(("SET", run.key, run.value, "NX", *self._expiry()))
+                commands += [head] if run.end - run.start > 1 else []
         nbytes = sum(run.value.nbytes for run, i in zip(runs, at) if i >= 0)
         replies = self._link.run(commands, nbytes=nbytes)
         before: list[int | None] = []  # per run; None: failed (the put stops there)
@@ -278,7 +279,8 @@ class PoolWriter(JobWriter):
             if i < 0:
                 before.append(pages)
                 continue
-            first, second = replies[i], replies[i + 1]
+            first = replies[i]
+            second = replies[i + 1] if run.rewrite or pages > 1 else b"\x00" * chunk.PREFIX_BYTES
             if not self._ok((first, second)):
                 before.append(None)
                 break
