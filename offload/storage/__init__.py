@@ -5,6 +5,7 @@
     stats.py        ``StorageStats`` and the thread-safe ``Counters`` behind it
     record.py       the self-checking record of one page (the same bytes in
                     every backend); kv_checksum.py, its KV checksum
+    chunk.py        several pages' records in one value (a pool's chunks)
     checks.py       validation of what callers hand a backend
     jobs.py         read/put/delete/forget jobs; a put frames its records
     base.py         ``StorageBase``: the contract's calls, once for all backends

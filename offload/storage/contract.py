@@ -128,6 +128,12 @@ class ModelFingerprint:
     model_id: str  # model name or path, as the runner loaded it
     spec: str  # KVSpec.describe(): layers, heads, head dim, dtype, page size
     tp_rank: int  # tensor-parallel rank: each rank holds other heads
+    # True where every rank holds the same KV (MLA-style latent caches, as in
+    # DeepSeek models): the rank is then left out of the fingerprint, so all
+    # ranks name a page by one key and a store keeps one copy of it. Wrong
+    # for models whose ranks hold different heads: they would read each
+    # other's KV (the spec cannot tell them apart).
+    rank_shared: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -136,10 +142,13 @@ class ModelFingerprint:
             raise ValueError(f"spec must be a non-empty str (KVSpec.describe()), got {self.spec!r}")
         if not isinstance(self.tp_rank, int) or isinstance(self.tp_rank, bool) or self.tp_rank < 0:
             raise ValueError(f"tp_rank must be a non-negative int, got {self.tp_rank!r}")
+        if not isinstance(self.rank_shared, bool):
+            raise TypeError(f"rank_shared must be a bool, got {type(self.rank_shared).__name__}")
 
     def describe(self) -> str:
         """A stable one-line text form (stored in the store's meta record)."""
-        return f"model={self.model_id};{self.spec};tp_rank={self.tp_rank}"
+        rank = "shared" if self.rank_shared else str(self.tp_rank)
+        return f"model={self.model_id};{self.spec};tp_rank={rank}"
 
     def digest(self) -> bytes:
         """8 bytes that change whenever any field changes."""

@@ -42,6 +42,7 @@ class ReadJob:
     host_pages: HostPages  # [n] host page ids to fill, a private copy
     ns_tag: bytes | None  # the namespace tag records must carry; None: any
     ticket: FutureTicket  # finished with the leading pages served
+    note: Any = None  # the backend's own bookkeeping of this read (e.g. which value held a page)
 
     def token_row(self, i: int) -> npt.NDArray[np.int32] | None:
         """The token ids page ``i`` must hold (None: a raw page)."""

@@ -22,7 +22,8 @@ A ticket always finishes. What a backend supplies (its transport):
   ends the read short: the pages served so far, a miss for the rest.
 * optionally ``_verify`` (a backend that receives the KV bytes straight into
   the host page verifies them there), ``_served`` (hits, e.g. to touch a
-  recency index) and ``_read_failed`` (what any other error means: by
+  recency index), ``_refused`` (a record that failed verification: by
+  default its deletion is queued on the writer) and ``_read_failed`` (what any other error means: by
   default the ticket fails with a ``StorageError``).
 """
 
@@ -82,6 +83,15 @@ class PageReader:
     def _served(self, keys: list[bytes]) -> None:
         """The records of ``keys`` (record keys) were served: a hook, e.g. for recency."""
 
+    def _refused(self, job: ReadJob, i: int) -> None:
+        """Page ``i`` of ``job`` failed verification: delete its record (on the
+        writer, after the reads before it). A backend that keeps several pages
+        in one value deletes that value, and may note what else the failure
+        puts in doubt (e.g. to rewrite it on the next put)."""
+        key = job.keys[i]
+        log.warning("%s: record %s failed verification; deleting it", self._where, key.hex())
+        self._writer.submit(DeleteJob([key], None))
+
     def _read_failed(self, job: ReadJob, exc: Exception) -> None:
         """A read raised ``exc`` (not ``StorageUnavailable``): fail its ticket."""
         job.ticket.fail(StorageError(f"{self._where} read failed: {exc!r}"))
@@ -103,9 +113,7 @@ class PageReader:
         if served:
             self._served(job.keys[:served])
         if corrupt is not None:  # its removal is published once the delete ran
-            key = job.keys[corrupt]
-            log.warning("%s: record %s failed verification; deleting it", self._where, key.hex())
-            self._writer.submit(DeleteJob([key], None))
+            self._refused(job, corrupt)
         self._counters.add(hits=served, misses=n - served, corrupt=corrupt is not None)
         job.ticket.finish(served)
 

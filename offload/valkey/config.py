@@ -2,13 +2,20 @@
 
 URL forms (``valkeys://`` and ``rediss://`` use TLS)::
 
-    valkey://[user[:password]@]host[:port][/db][?cluster=true]
+    valkey://[user[:password]@]host[:port][/db][?option=value&...]
+    valkey://[user[:password]@]host1:port1,host2:port2,...?cluster=true
     redis://...   rediss://...   valkeys://...
 
 A password may come in the URL or in ``password``; either way it is kept out
 of ``repr()``, ``describe()``, log lines and error messages (``describe()``
 shows the URL with the password replaced by ``***``). A cluster is named by
-one of its nodes (the client discovers the others) and ``?cluster=true``.
+``?cluster=true`` and one or more of its nodes (seeds): the client learns
+the others from whichever seed, or node it learnt of before, answers.
+
+Options in the query (``URL_OPTIONS``): ``cluster``, ``chunk_pages``,
+``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``, ``socket_timeout_s``,
+``connect_timeout_s``, so that everything an engine and a router must agree
+on (or need to connect) fits in the one URL both are given.
 """
 
 from __future__ import annotations
@@ -22,6 +29,17 @@ SCHEMES = {"valkey": False, "redis": False, "valkeys": True, "rediss": True}  # 
 DEFAULT_PORT = 6379
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+URL_OPTIONS = (
+    "cluster", "chunk_pages", "tls_ca_file", "tls_cert_file", "tls_key_file",
+    "socket_timeout_s", "connect_timeout_s",
+)  # fmt: skip
+# Pages per value when ``chunk_pages`` is None: as many as fit in this many
+# bytes, at most MAX_AUTO_CHUNK_PAGES (README, "What the pool holds": measured).
+AUTO_CHUNK_BYTES = 4 << 20
+MAX_AUTO_CHUNK_PAGES = 1
+MAX_CHUNK_PAGES = 256
+
+Node = tuple[str, int]  # (host, port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +69,11 @@ class ValkeyConfig:
     batch_pages: int = 64  # pages per pipeline (bounds the bytes in flight per call)
     lookup_first_round: int = 64  # pages asked in a lookup's first round trip
     observe_removals: bool = True  # subscribe to keyspace events where the server sends them
+    seeds: tuple[Node, ...] = ()  # more cluster nodes to learn the cluster from (besides host:port)
+    # Pages per stored value on average (writer and readers must agree; see
+    # offload/valkey/layout.py); None: from the page size (``pages_per_value``).
+    chunk_pages: int | None = None
+    namespace_shards: int = 256  # sets a namespace's index is split into (by hash slot)
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -75,6 +98,36 @@ class ValkeyConfig:
         positive_int("num_readers", self.num_readers)
         positive_int("batch_pages", self.batch_pages)
         positive_int("lookup_first_round", self.lookup_first_round)
+        positive_int("namespace_shards", self.namespace_shards)
+        if self.namespace_shards > 4096:
+            raise ValueError(f"namespace_shards must be at most 4096, got {self.namespace_shards}")
+        if self.chunk_pages is not None:
+            positive_int("chunk_pages", self.chunk_pages)
+            if self.chunk_pages > MAX_CHUNK_PAGES:
+                raise ValueError(f"chunk_pages must be <= {MAX_CHUNK_PAGES}, got {self.chunk_pages}")
+        if not isinstance(self.seeds, tuple):
+            raise TypeError(f"seeds must be a tuple of (host, port), not {type(self.seeds).__name__}")
+        for seed in self.seeds:
+            if (
+                not isinstance(seed, tuple) or len(seed) != 2 or not isinstance(seed[0], str)
+                or not seed[0] or not isinstance(seed[1], int) or not 0 < seed[1] < 65536
+            ):  # fmt: skip
+                raise ValueError(f"a seed is (host, port in [1, 65535]), got {seed!r}")
+        if self.seeds and not self.cluster:
+            raise ValueError("several nodes name a cluster: add ?cluster=true (cluster=True)")
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node the configuration names, the first one first (seeds of a cluster)."""
+        return ((self.host, self.port), *(s for s in self.seeds if s != (self.host, self.port)))
+
+    def pages_per_value(self, page_bytes: int) -> int:
+        """Pages a stored value holds on average for pages of ``page_bytes``:
+        ``chunk_pages``, or as many as fit in ``AUTO_CHUNK_BYTES`` (1 to
+        ``MAX_AUTO_CHUNK_PAGES``)."""
+        if self.chunk_pages is not None:
+            return self.chunk_pages
+        return max(1, min(MAX_AUTO_CHUNK_PAGES, AUTO_CHUNK_BYTES // max(1, page_bytes)))
 
     @classmethod
     def from_url(cls, url: str, **overrides: object) -> ValkeyConfig:
@@ -90,28 +143,21 @@ class ValkeyConfig:
         shown = redact_url(url)
         if scheme not in SCHEMES:
             raise ValueError(f"pool URL {shown!r}: scheme must be one of {sorted(SCHEMES)}")
-        try:
-            port = parts.port or DEFAULT_PORT
-        except ValueError:
-            raise ValueError(f"pool URL {shown!r}: the port is not a number in [0, 65535]") from None
+        nodes = _nodes(parts.netloc.rpartition("@")[2], shown)
         path = parts.path.strip("/")
         if path and not path.isdigit():
             raise ValueError(f"pool URL {shown!r}: the path must be a database number")
         fields: dict[str, object] = {
-            "host": parts.hostname or "127.0.0.1",
-            "port": port,
+            "host": nodes[0][0],
+            "port": nodes[0][1],
+            "seeds": tuple(nodes[1:]),
             "db": int(path) if path else 0,
             "tls": SCHEMES[scheme],
             "username": unquote(parts.username) if parts.username else None,
             "password": unquote(parts.password) if parts.password is not None else None,
         }
         for name, values in parse_qs(parts.query).items():
-            if name != "cluster":
-                raise ValueError(f"pool URL {shown!r}: unknown option {name!r} (known: cluster)")
-            value = values[-1].lower()
-            if value not in _TRUE | _FALSE:
-                raise ValueError(f"pool URL {shown!r}: cluster must be true or false, got {value!r}")
-            fields["cluster"] = value in _TRUE
+            fields[name] = _option(name, values[-1], shown)
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]
 
@@ -124,7 +170,42 @@ class ValkeyConfig:
         user = self.username or ""
         auth = f"{user}:***@" if self.password is not None else (f"{user}@" if user else "")
         tail = "?cluster=true" if self.cluster else f"/{self.db}"
-        return f"{scheme}://{auth}{self.host}:{self.port}{tail}"
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.nodes)
+        return f"{scheme}://{auth}{hosts}{tail}"
+
+
+def _nodes(hostlist: str, shown: str) -> list[Node]:
+    """The ``host[:port]`` entries of a URL's host part (comma-separated)."""
+    out: list[Node] = []
+    for entry in hostlist.split(",") if hostlist else [""]:
+        part = urlsplit(f"//{entry}")
+        try:
+            port = part.port or DEFAULT_PORT
+        except ValueError:
+            raise ValueError(f"pool URL {shown!r}: a port is not a number in [0, 65535]") from None
+        out.append((part.hostname or "127.0.0.1", port))
+    return out
+
+
+def _option(name: str, value: str, shown: str) -> object:
+    """A query option's value, checked (the config checks ranges)."""
+    if name not in URL_OPTIONS:
+        known = ", ".join(URL_OPTIONS)
+        raise ValueError(f"pool URL {shown!r}: unknown option {name!r} (known: {known})")
+    if name == "cluster":
+        if value.lower() not in _TRUE | _FALSE:
+            raise ValueError(f"pool URL {shown!r}: cluster must be true or false, got {value!r}")
+        return value.lower() in _TRUE
+    if name == "chunk_pages":
+        if not value.isdigit():
+            raise ValueError(f"pool URL {shown!r}: chunk_pages must be an int >= 1, got {value!r}")
+        return int(value)
+    if name.endswith("_s"):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"pool URL {shown!r}: {name} must be a number: {value!r}") from None
+    return value  # a file path
 
 
 def redact_url(url: str) -> str:

@@ -1,22 +1,25 @@
 """ValkeyStorage: the storage tier as a pool on a Valkey server or cluster, shared by engines.
 
-Keys and values in the pool::
+Keys and values in the pool (offload/valkey/layout.py)::
 
-    <key_prefix><fingerprint digest (8)><page key>  ->  storage record (one page)
-    <key_prefix>ns:<namespace tag (16)>             ->  set of the record keys put
+    <key_prefix><fingerprint digest (8)><page key>  ->  a value: the records of the
+                                                        consecutive pages ending
+                                                        at this page (1 to 4N)
+    <key_prefix>ns:<namespace tag (16)>:<shard>     ->  set of the value keys put
                                                         under that namespace
 
 A page key already binds its namespace and its whole prefix; the fingerprint
 digest binds the model, KV layout and rank (invariant 8), so engines of one
 model share pages and engines of another never see them. Every record
-carries its full key, token ids and a checksum, and is verified on every
-read: a value that is corrupt, truncated, or was copied under another key is
-a miss (deleted and counted as corrupt), never a hit.
+carries its full key, token ids and a checksum, and is verified on its own
+on every read: a value that is corrupt, truncated, or was copied under
+another key is a miss (deleted and counted as corrupt), never a hit; the
+next put of its pages rewrites it.
 
 Memory: the pool is bounded on the server (``maxmemory``) and evicts least
 recently used keys (see the README's "Shared pool" section for the settings
 and why ``volatile-lru`` with the records' TTL keeps the namespace index from
-being evicted). A record can therefore vanish between ``longest_prefix`` and
+being evicted). A value can therefore vanish between ``longest_prefix`` and
 ``get``: ``get`` then serves the leading pages it found and the rest is a
 miss, which the engine recomputes.
 
@@ -24,62 +27,81 @@ Removals (``take_removed``): observed through keyspace notifications where the
 server sends them (offload/valkey/removals.py); otherwise only this process's
 own deletions are reported and the server's evictions are unknown.
 
-Failures: the pool being down, slow (``socket_timeout_s``) or refusing the
-credentials makes every call a miss (``longest_prefix`` 0, ``get`` short,
-``put`` short), counted, never raised; after ``retry_after_s`` the next call
-reconnects (offload/valkey/link.py).
+Failures: a node that is down, slow (``socket_timeout_s``), loading, or
+refusing the credentials makes the calls on its keys misses (``longest_prefix``
+stops before its first page, ``get`` and ``put`` are short), counted, never
+raised; the other nodes of a cluster go on serving theirs. After
+``retry_after_s`` the next call tries the node again (offload/valkey/link.py).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from radixcache.events.types import EXTERNAL, Medium
 from radixcache.offload.storage import (
     HeldRemovalLog,
+    HostPages,
     ModelFingerprint,
+    PageBuffer,
+    PutMeta,
     RecordMeta,
     StorageBase,
-    StorageError,
     StoreSizes,
+    TokenPages,
 )
+from radixcache.transfer.ticket import Ticket
 from radixcache.offload.valkey.config import ValkeyConfig
+from radixcache.offload.valkey.layout import Cuts
 from radixcache.offload.valkey.link import PoolLink, PoolUnavailable
 from radixcache.offload.valkey.lookup import PrefixProbe
-from radixcache.offload.valkey.reader import DirectPoolReader, PoolReader
-from radixcache.offload.valkey.removals import KeyspaceObserver, notifications_cover_removals
+from radixcache.offload.valkey.reader import PoolReader, ReadHints
+from radixcache.offload.valkey.removals import (
+    KeyspaceObserver,
+    Suspects,
+    ValueIndex,
+    notifications_cover_removals,
+)
 from radixcache.offload.valkey.writer import PoolWriter
 from radixcache.transfer.layout import KVSpec
 
 log = logging.getLogger(__name__)
 
 _SIZES_EVERY_S = 1.0  # refresh of the pool's record count and memory figures
+_SETTINGS_EVERY_S = 60.0  # the server's settings are read again at least this often
 
 
 @dataclass(frozen=True, slots=True)
 class PoolStats:
     """The pool's own figures, beside the ``StorageStats`` every backend has."""
 
-    round_trips: int  # pipelines sent (each one round trip)
+    round_trips: int  # calls that reached the pool (each one round trip)
     lookup_round_trips: int  # round trips of the last longest_prefix call
-    unavailable: int  # calls answered as misses because the pool was down or slow
-    connects: int  # clients created (1 + reconnects)
+    unavailable: int  # calls answered (partly) as misses because a node was down or slow
+    connects: int  # connections opened to the nodes (the first ones, then reconnects)
     removals_observed: bool  # keyspace notifications feed take_removed()
-    maxmemory: int  # the server's memory bound (0: none or unknown)
-    policy: str  # the server's maxmemory-policy ("" when unknown)
+    maxmemory: int  # the servers' memory bound, summed over the primaries (0: none or unknown)
+    policy: str  # the servers' maxmemory-policy ("" when unknown)
+    nodes: int  # primaries known (1 for a single server)
+    nodes_up: int  # of those, not marked down now
+    pages_per_value: int  # pages a stored value holds on average (N)
 
 
 class ValkeyStorage(StorageBase):
     """The ``Storage`` protocol on a Valkey pool (see the module docstring).
 
-    Its transport: the link (one client, its health), the prefix probe, the
-    pool reader and writer, and the keyspace observer; the calls themselves
-    are ``StorageBase``'s. Public methods are called by the owner thread;
-    ``longest_prefix`` is the only one that waits on the network (at most two
-    round trips).
+    Its transport: the link (nodes, their health), the prefix probe, the pool
+    reader and writer, the keyspace observer, and a watcher thread that
+    reads the servers' settings and (re)subscribes to removals whenever a
+    node answers after it was down or never reached (a pool that was down
+    when the engine started included). Public methods are called by the
+    owner thread; ``longest_prefix`` is the only one that waits on the
+    network (one round trip, two where scripts are refused).
     """
 
     medium: Medium = EXTERNAL  # the event medium of its pages (SGLang's name for a shared pool)
@@ -93,80 +115,144 @@ class ValkeyStorage(StorageBase):
         self.config = config
         self._prefix = config.key_prefix + self._digest  # + page key = pool key
         self._link = PoolLink(config)
-        self._probe = PrefixProbe(self._link)
+        self._cuts = Cuts(config.pages_per_value(spec.page_bytes))
+        self._probe = PrefixProbe(self._link, self._cuts)
+        self._hints = ReadHints()
+        self._values = ValueIndex()
+        suspects = Suspects()
         self._held = HeldRemovalLog()
         self._removals = self._held
         self._records = 0  # pool-wide figures, refreshed by the writer thread
         self._used_memory = 0
         self._sizes_at = 0.0
         self._lookup_unavailable = 0
-        self._maxmemory, self._policy, flags = self._server_settings()
-        self._writer = PoolWriter(
-            self.where, self._counters, self._held, self._link, after_job=self._refresh_sizes
+        self._maxmemory, self._policy = 0, ""
+        self._flags: str | None = None  # notify-keyspace-events of the primaries (None: unread)
+        self._observer = (
+            KeyspaceObserver(config.db, self._prefix, self._removed)
+            if config.observe_removals
+            else None
         )
-        reader = PoolReader if config.cluster else DirectPoolReader  # one server: into the pages
-        self._reader = reader(self._link, self._writer)
-        self._observer: KeyspaceObserver | None = None
-        if config.observe_removals and flags is not None and notifications_cover_removals(flags):
-            self._observer = KeyspaceObserver(
-                self._link.node_clients(), config.db, self._prefix, self._held
-            )
-        elif config.observe_removals:
-            log.info(
-                "pool %s: keyspace notifications %s; evictions by the server are unknown "
-                "to this engine until it reads",
-                config.describe(),
-                "unreadable" if flags is None else f"are {flags!r} (need E with g, x, e)",
-            )
+        self._writer = PoolWriter(
+            self.where, self._counters, self._held, self._link, cuts=self._cuts,
+            values=self._values, suspects=suspects, check_first=fingerprint.rank_shared,
+            after_job=self._refresh_sizes,
+        )  # fmt: skip
+        self._reader = PoolReader(self._link, self._writer, self._cuts, self._hints, suspects)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._settings_lock = threading.Lock()
+        self._link.on_reconnect(self._wake.set)
+        self._refresh_settings()  # subscribed before the first put, where the pool is up
+        self._watcher = threading.Thread(
+            target=self._watch, name="radixcache-pool-watch", daemon=True
+        )
+        self._watcher.start()
 
     @property
     def where(self) -> str:
         return f"storage {self.config.describe()}"
 
-    def _server_settings(self) -> tuple[int, str, str | None]:
-        """(maxmemory, maxmemory-policy, notify-keyspace-events); unknowns: 0, "", None."""
-        names = ("maxmemory", "maxmemory-policy", "notify-keyspace-events")
-        values: dict[str, str] = {}
-        try:
-            for name in names:
-                reply = self._link.direct(lambda client: client.config_get(name))
-                if isinstance(reply, dict):
-                    values.update((_text(k), _text(v)) for k, v in reply.items())
-        except PoolUnavailable:
-            return 0, "", None  # down at start: every call is a miss until it returns
-        except StorageError as exc:  # CONFIG refused (e.g. a managed service): unknown
-            log.info("pool %s: server settings unreadable (%s)", self.config.describe(), exc)
-            return 0, "", None
-        maxmemory = int(values.get("maxmemory", "0") or 0)
-        policy = values.get("maxmemory-policy", "")
-        if maxmemory == 0 or policy in ("", "noeviction"):
-            log.warning(
-                "pool %s: maxmemory=%d, maxmemory-policy=%r: the pool is not bounded with "
-                "LRU eviction; puts fail once it is full",
-                self.config.describe(),
-                maxmemory,
-                policy,
-            )
-        return maxmemory, policy, values.get("notify-keyspace-events")
+    # -- the servers' settings and the removal subscription ---------------------------
+    def _watch(self) -> None:
+        """Re-read settings and re-subscribe when a node (re)appears; until the
+        pool was reached once, try every ``retry_after_s`` without traffic."""
+        while not self._stop.is_set():
+            known = self._flags is not None
+            self._wake.wait(_SETTINGS_EVERY_S if known else self.config.retry_after_s)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            self._refresh_settings()  # woken by a node that answered again, or periodic
 
-    # -- keys ------------------------------------------------------------------
+    def _refresh_settings(self) -> None:
+        """Read maxmemory, the policy and the notification flags of every
+        primary; subscribe to removals on each where they are sent."""
+        with self._settings_lock:
+            nodes = self._link.primaries()
+            if not nodes:
+                return
+            values = self._config_get(("maxmemory", "maxmemory-policy", "notify-keyspace-events"))
+            if values is None:
+                return
+            maxmemory = sum(int(v.get("maxmemory", "0") or 0) for v in values)
+            policies = sorted({v.get("maxmemory-policy", "") for v in values})
+            flags = [v.get("notify-keyspace-events") for v in values]
+            covered = all(f is not None and notifications_cover_removals(f) for f in flags)
+            first = self._flags is None
+            self._maxmemory, self._policy = maxmemory, ",".join(policies)
+            self._flags = ",".join(f or "" for f in flags)
+            if first and (maxmemory == 0 or self._policy in ("", "noeviction")):
+                log.warning(
+                    "pool %s: maxmemory=%d, maxmemory-policy=%r: the pool is not bounded with "
+                    "LRU eviction; puts fail once it is full",
+                    self.config.describe(), maxmemory, self._policy,
+                )  # fmt: skip
+            if self._observer is not None:
+                if covered:
+                    self._observer.sync(self._link.node_clients())
+                else:
+                    self._observer.sync({})
+                    if first:
+                        log.info(
+                            "pool %s: keyspace notifications are %r (need E with g, x, e); "
+                            "evictions by the server are unknown to this engine until it reads",
+                            self.config.describe(), self._flags,
+                        )  # fmt: skip
+
+    def _config_get(self, names: tuple[str, ...]) -> list[dict[str, str]] | None:
+        """``CONFIG GET`` of ``names`` on every primary; None if any failed."""
+        out: dict[str, dict[str, str]] = {}
+        for name in names:
+            for node, reply in self._link.each_node("CONFIG", "GET", name):
+                if isinstance(reply, PoolUnavailable):
+                    return None
+                if isinstance(reply, Exception):  # CONFIG refused (a managed service): unknown
+                    where = self.config.describe()
+                    log.info("pool %s: server settings unreadable (%s)", where, reply)
+                    out.setdefault(node.name, {})
+                    continue
+                pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+                out.setdefault(node.name, {}).update((_text(k), _text(v)) for k, v in pairs)
+        return list(out.values()) or None
+
+    def _removed(self, vkeys: list[bytes]) -> None:
+        """The observer saw values go (an observer thread)."""
+        self._held.removed(self._values.removed(vkeys))
+
+    # -- keys ------------------------------------------------------------------------
     def pool_keys(self, keys: Sequence[bytes]) -> list[bytes]:
-        """The pool keys of page keys (validated: bytes of 1 to 256)."""
+        """The pool keys of page keys (validated: bytes of 1 to 256): where a
+        value ending at that page is stored."""
         key_prefix = self.config.key_prefix
         return [key_prefix + rkey for rkey in self.record_keys(keys)]
 
     # -- Storage protocol ----------------------------------------------------------
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
-        """Leading ``keys`` in the pool, in one round trip (at most two where
-        the server refuses scripts; offload/valkey/lookup.py); 0 while the
-        pool is down. Mutates nothing (the server's LRU clock aside)."""
+        """Leading ``keys`` in the pool, in one round trip (two where the server
+        refuses scripts; offload/valkey/lookup.py); pages on a node that is
+        down count as missing. Mutates nothing (the server's LRU clock aside)."""
         self._check_open()
-        rkeys = self.pool_keys(keys)
-        try:
-            return self._probe.leading(rkeys)
-        except PoolUnavailable:
+        rkeys = self.record_keys(keys)
+        found, counts = self._probe.leading(rkeys)
+        if self._probe.unavailable:
             self._lookup_unavailable += 1
-            return 0
+        self._hints.note(rkeys, counts)
+        return found
+
+    def put(
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+        namespace: bytes,
+        meta: PutMeta | None = None,
+    ) -> Ticket:
+        """As the base's; the reads that follow no longer trust earlier lookups
+        of where values end (this put may rewrite or replace some)."""
+        self._hints.clear()
+        return super().put(keys, tokens, host, host_pages, namespace, meta)
 
     def scan(self) -> Iterator[RecordMeta]:
         """Nothing: the pool's records belong to every engine that uses it, so an
@@ -180,6 +266,9 @@ class ValkeyStorage(StorageBase):
 
     def pool_stats(self) -> PoolStats:
         """The pool's own figures (see ``PoolStats``)."""
+        layout = self._link.layout()
+        nodes = layout.nodes if layout is not None else ()
+        observed = self._observer is not None and len(self._observer.nodes()) == len(nodes) > 0
         return PoolStats(
             round_trips=self._link.round_trips,
             lookup_round_trips=self._probe.round_trips,
@@ -187,12 +276,18 @@ class ValkeyStorage(StorageBase):
             + self._writer.unavailable
             + self._lookup_unavailable,
             connects=self._link.connects,
-            removals_observed=self._observer is not None,
+            removals_observed=observed,
             maxmemory=self._maxmemory,
             policy=self._policy,
+            nodes=len(nodes),
+            nodes_up=sum(node.available() for node in nodes),
+            pages_per_value=self._cuts.n,
         )
 
     def _release(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._watcher.join(timeout=10.0)
         if self._observer is not None:
             self._observer.close()
         self._link.close()
@@ -207,18 +302,22 @@ class ValkeyStorage(StorageBase):
         if now - self._sizes_at < _SIZES_EVERY_S or not self._link.available():
             return
         self._sizes_at = now
-        try:
-            client = self._link.client()
-            self._records = int(client.dbsize())
-            info = client.info("memory")
-            if isinstance(info, dict) and "used_memory" in info:
-                self._used_memory = int(info["used_memory"])
-            elif isinstance(info, dict):  # a cluster client answers per node
-                self._used_memory = sum(
-                    int(v.get("used_memory", 0)) for v in info.values() if isinstance(v, dict)
-                )
-        except Exception:  # figures only; the next data call notices a dead pool
-            pass
+        records = memory = 0
+        for _node, reply in self._link.each_node("DBSIZE"):
+            records += reply if isinstance(reply, int) else 0
+        for _node, reply in self._link.each_node("INFO", "memory"):
+            memory += _used_memory(reply)
+        self._records, self._used_memory = records, memory
+
+
+def _used_memory(reply: Any) -> int:
+    if isinstance(reply, dict):
+        return int(reply.get("used_memory", 0))
+    if isinstance(reply, bytes):
+        for line in reply.split(b"\r\n"):
+            if line.startswith(b"used_memory:"):
+                return int(line.split(b":", 1)[1])
+    return 0
 
 
 def _text(value: object) -> str:

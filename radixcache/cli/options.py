@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from urllib.parse import urlsplit
 import math
 from typing import Any
 
@@ -94,17 +95,25 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 AUTO_POOL = "valkey://auto"  # a scratch pool the command starts (and stops) itself
+AUTO_CLUSTER = "valkey://auto?cluster=true"  # ... a scratch 3-node cluster
 
 
 def storage_url(text: str) -> str:
     """A storage backend as ``TierConfig(storage=...)`` takes it: an LMDB
     directory or ``lmdb://`` URL, a ``valkey://``/``valkeys://``/``redis://``/
-    ``rediss://`` pool URL, or ``valkey://auto``. Checked here, returned as
-    given; messages show the URL with its password as ``***``."""
+    ``rediss://`` pool URL, or ``valkey://auto`` with the pool URL's options
+    (e.g. ``valkey://auto?cluster=true&chunk_pages=16``).
+    Checked here, returned as given; messages show the URL with its password
+    as ``***``."""
     from radixcache.offload import storage_config
 
-    if text.strip().lower() == AUTO_POOL:
-        return AUTO_POOL
+    parts = urlsplit(text.strip())
+    if parts.scheme.lower() == "valkey" and parts.netloc.lower() == "auto":  # options of a scratch pool
+        try:
+            storage_config(f"valkey://127.0.0.1?{parts.query}" if parts.query else "valkey://127.0.0.1")
+        except (ValueError, TypeError) as err:
+            raise argparse.ArgumentTypeError(str(err).replace("127.0.0.1", "auto")) from None
+        return text.strip()
     try:
         storage_config(text)
     except (ValueError, TypeError) as err:

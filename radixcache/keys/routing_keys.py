@@ -25,7 +25,7 @@ import numpy as np
 
 from radixcache.keys.hashing import chain_keys, split_keys
 from radixcache.namespace import ExtraKey, Namespace
-from radixcache.offload import ModelFingerprint, PoolLookup, ValkeyConfig
+from radixcache.offload import ModelFingerprint, PoolLookup, ValkeyConfig, storage_config
 from radixcache.tokens import as_tokens
 from radixcache.transfer.layout import KVSpec
 
@@ -50,11 +50,22 @@ def request_keys(
 
 
 def pool_lookup(
-    pool: str | ValkeyConfig, *, model_id: str, spec: KVSpec, tp_rank: int = 0
+    pool: str | ValkeyConfig,
+    *,
+    model_id: str,
+    spec: KVSpec,
+    tp_rank: int = 0,
+    rank_shared: bool = False,
 ) -> PoolLookup:
     """A router's lookup into the shared pool of engines serving ``model_id``
     with KV layout ``spec`` on tensor-parallel rank ``tp_rank`` (the
-    fingerprint the engines use: ``TierConfig.model_id`` and ``tp_rank``).
-    Close it when done."""
-    config = ValkeyConfig.from_url(pool) if isinstance(pool, str) else pool
-    return PoolLookup(config, ModelFingerprint(model_id, spec.describe(), tp_rank), request_keys)
+    fingerprint the engines use: ``TierConfig.model_id``, ``tp_rank`` and
+    ``kv_shared_across_ranks``). ``pool`` is read as the engines read it
+    (``storage_config``): the password from ``RADIXCACHE_VALKEY_PASSWORD``
+    when the URL has none, TLS files and pages per value from the URL's
+    options. Close it when done."""
+    config = storage_config(pool)
+    if not isinstance(config, ValkeyConfig):
+        raise ValueError(f"a pool lookup needs a Valkey pool URL, got {type(config).__name__}")
+    fingerprint = ModelFingerprint(model_id, spec.describe(), tp_rank, rank_shared)
+    return PoolLookup(config, fingerprint, request_keys, spec.page_bytes)

@@ -38,6 +38,11 @@ class TierConfig:
     storage: StorageTarget = None
     model_id: str = "radixcache-model"  # part of the storage fingerprint
     tp_rank: int = 0  # part of the storage fingerprint
+    # True for MLA-style models whose every rank holds the same KV: the rank
+    # leaves the fingerprint, so all ranks share one stored copy of a page
+    # (ModelFingerprint.rank_shared). Wrong for models whose ranks hold
+    # different heads: they would read each other's pages.
+    kv_shared_across_ranks: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, HostPoolConfig):
@@ -65,7 +70,7 @@ class TierConfig:
 @dataclass(slots=True)
 class TierCounters:
     host_hit_tokens: int = 0  # prompt tokens found in host memory at admission
-    storage_hit_tokens: int = 0  # prompt tokens found in storage at admission
+    storage_hit_tokens: int = 0  # prompt tokens storage served (verified, to a waiting request)
     loaded_tokens: int = 0  # of those, loaded back in time for their request
     abandoned_tokens: int = 0  # given up (not in time, or failed): recomputed
     backups_skipped: int = 0  # backups not made: no host page could be freed
@@ -81,7 +86,7 @@ class TierStats:
     host_free_pages: int  # free host pages
     host_cached_pages: int  # host pages held by the tree
     host_hit_tokens: int  # prompt tokens found in host memory at admission
-    storage_hit_tokens: int  # prompt tokens found in storage at admission
+    storage_hit_tokens: int  # prompt tokens storage served (verified, to a waiting request)
     loaded_tokens: int  # of those, loaded back in time for their request
     abandoned_tokens: int  # given up or failed: recomputed
     backups_skipped: int  # backups not made for lack of host room
@@ -102,5 +107,7 @@ def open_storage(config: TierConfig, spec: KVSpec) -> StorageOpening:
     ``NullStorage``."""
     if config.storage is None:
         return StorageOpening(NullStorage(), "disabled")
-    fingerprint = ModelFingerprint(config.model_id, spec.describe(), config.tp_rank)
+    fingerprint = ModelFingerprint(
+        config.model_id, spec.describe(), config.tp_rank, config.kv_shared_across_ranks
+    )
     return open_backend(config.storage, spec, fingerprint)

@@ -202,6 +202,7 @@ class FetchJob(TierJob):
             pool.free(host[got:])
             private = PrivateLoadJob(rt, host[:got], self.dev[:got], req, self.before, self.start_page)
             req.chain(rt.tree, self, private, None)
+            rt.counters.storage_hit_tokens += got * p  # served: verified, for a waiting request
             req.keep_first(self.start_page + got, self.start_page, p)
             rt.counters.abandoned_tokens += (n - got) * p
             return
@@ -216,6 +217,7 @@ class FetchJob(TierJob):
             rt.roll_back(req, self.start_page, self.before, keep_private=self.dev)
             return
         # Chain a LOAD of the fetched pages into the request's device pages.
+        rt.counters.storage_hit_tokens += got * p  # served: verified, for a waiting request
         load = LoadJob(rt, [node], req, self.before, self.start_page)
         load.start(host[:got], self.dev[:got])
         req.chain(rt.tree, self, load, node)

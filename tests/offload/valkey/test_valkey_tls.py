@@ -155,3 +155,26 @@ def test_an_untrusted_certificate_or_a_plain_server_is_a_miss(
         assert pool.longest_prefix(keys) == 0
         assert kit.done(pool.put(keys, kit.tokens(2), kit.host(2), kit.ids(0, 1), b"ns")) == 0
         assert pool.pool_stats().unavailable >= 1
+
+
+def test_a_router_lookup_reaches_a_tls_pool_by_its_url(
+    proxy: tuple[TlsProxy, Path], valkey_server: ValkeyServer, pool_kit_at: Callable[[str], PoolKit]
+) -> None:
+    """The router's lookup takes TLS settings from the URL, as an engine does."""
+    from radixcache import Namespace
+    from radixcache.keys.routing_keys import pool_lookup, request_keys
+
+    valkey_server.flush()
+    tls, cert = proxy
+    url = f"valkeys://127.0.0.1:{tls.port}/0?tls_ca_file={cert}"
+    kit = pool_kit_at(url)
+    pool = kit.pool(url=url)
+    tokens = list(range(10, 10 + 3 * kit.spec.page_size))
+    keys = request_keys(tokens, kit.spec.page_size)
+    toks = np.asarray(tokens, dtype=np.int32).reshape(3, -1)
+    assert kit.done(pool.put(keys, toks, kit.host(3), kit.ids(0, 1, 2), Namespace().digest())) == 3
+    lookup = pool_lookup(url, model_id="tiny-model", spec=kit.spec)
+    try:
+        assert lookup(tokens, kit.spec.page_size) == 3
+    finally:
+        lookup.close()

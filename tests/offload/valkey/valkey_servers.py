@@ -63,6 +63,7 @@ class ValkeyServer:
         password: str | None = None,
         cluster: bool = False,
         port: int | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
         self.password = password
@@ -85,6 +86,7 @@ class ValkeyServer:
             args += ["--requirepass", password]
         if cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        args += list(extra)
         self._args = args
         self._proc: subprocess.Popen[bytes] | None = None
         self.start()
@@ -142,10 +144,22 @@ class ValkeyServer:
 
 
 class ValkeyCluster:
-    """Three primaries (no replicas), each serving a third of the slots."""
+    """Three primaries (no replicas), each serving a third of the slots.
 
-    def __init__(self, nodes: int = 3) -> None:
-        self.nodes = [ValkeyServer(cluster=True) for _ in range(nodes)]
+    ``full_coverage=False`` lets the live nodes serve their slots while one is
+    dead (``cluster-require-full-coverage no``, as the README advises);
+    ``node_timeout_ms`` is how soon the others declare a silent node failed."""
+
+    def __init__(
+        self, nodes: int = 3, *, full_coverage: bool = True, node_timeout_ms: int | None = None,
+        maxmemory: int | None = None,
+    ) -> None:  # fmt: skip
+        extra: tuple[str, ...] = ()
+        if not full_coverage:
+            extra += ("--cluster-require-full-coverage", "no")
+        if node_timeout_ms is not None:
+            extra += ("--cluster-node-timeout", str(node_timeout_ms))
+        self.nodes = [ValkeyServer(cluster=True, extra=extra, maxmemory=maxmemory) for _ in range(nodes)]
         try:
             self._form()
         except BaseException:
@@ -155,6 +169,34 @@ class ValkeyCluster:
     @property
     def url(self) -> str:
         return f"valkey://127.0.0.1:{self.nodes[0].port}?cluster=true"
+
+    @property
+    def seeds_url(self) -> str:
+        """A URL naming every node (any live one lets a client in)."""
+        hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        return f"valkey://{hosts}?cluster=true"
+
+    def node_of(self, key: bytes) -> int:
+        """Index of the node whose slots hold ``key`` (as formed: a third each)."""
+        from redis.crc import key_slot
+
+        share = CLUSTER_SLOTS // len(self.nodes)
+        return min(key_slot(key) // share, len(self.nodes) - 1)
+
+    def wait_state(self, state: str, among: list[int], timeout: float = 30.0) -> None:
+        """Wait until every node of ``among`` reports ``cluster_state:<state>``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = []
+            for i in among:
+                with self.nodes[i].client() as c:
+                    info = c.execute_command("CLUSTER", "INFO")
+                states.append(f"cluster_state:{state}".encode() in info)
+            if all(states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nodes {among} did not reach cluster_state:{state}")
+            time.sleep(0.05)
 
     def _form(self) -> None:
         share = CLUSTER_SLOTS // len(self.nodes)

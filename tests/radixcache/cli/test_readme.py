@@ -69,6 +69,8 @@ SMALL_DEMOS = [
     "true, \"endpoint\": \"tcp://127.0.0.1:*\", \"topic\": \"kv\"}'",
     "radixcache demo --chats 2 --turns 2 --storage valkey://auto",
     "radixcache demo --chats 2 --turns 2 --storage valkey://auto --engines 2",
+    "radixcache demo --chats 2 --turns 2 --storage 'valkey://auto?cluster=true' --engines 2 "
+    "--kill-node 0",
 ]
 SWEEP = (f"radixcache replay {TRACE} --sweep 1024,2048,4096,8192,16384,32768,65536 "
          "--warmup 0.1 --model llama-3-8b --out docs/replay_mooncake")
