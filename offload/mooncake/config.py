@@ -30,10 +30,11 @@ kept apart with or without it (their keys and records differ).
 from __future__ import annotations
 
 import ipaddress
+import math
+import os
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
-
-from radixcache.offload.storage.checks import positive_float, positive_int
 
 SCHEME = "mooncake"
 DEFAULT_PORT = 50051  # mooncake_master's RPC port
@@ -173,6 +174,52 @@ class MooncakeConfig:
     def describe(self) -> str:
         """The pool's URL for messages."""
         return f"{SCHEME}://{self.host}:{self.port}"
+
+    def client_settings(self) -> dict[str, Any]:
+        """What ``MooncakeDistributedStore.setup`` takes, for this configuration."""
+        return {
+            "local_hostname": self.resolved_local_host,
+            "metadata_server": self.resolved_metadata_url,
+            "global_segment_size": self.segment_mib << 20,
+            "local_buffer_size": 0,  # every transfer is zero-copy from registered memory
+            "protocol": self.protocol,
+            "rdma_devices": self.device,
+            "master_server_addr": self.master_address,
+            "tenant_id": self.tenant,
+        }
+
+    def configure_client_environment(self) -> None:
+        """Set the client library's environment settings that are not set yet
+        (it reads them from the process environment: the first client of a
+        process decides). ``MC_LOG_LEVEL`` counts only before the library is
+        loaded."""
+        local = self.resolved_local_host
+        if _is_address(local):  # the address the transfer engine advertises for its data
+            os.environ.setdefault("MC_TCP_BIND_ADDRESS", local)
+        os.environ.setdefault("MC_LOG_LEVEL", self.log_level)
+        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", str(self.setup_retries))
+
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` if it is an int (not a bool) above 0; else ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def positive_float(name: str, value: object) -> float:
+    """``value`` as a float if it is a finite number above 0; else ValueError."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_loopback(host: str) -> bool:

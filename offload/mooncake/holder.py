@@ -22,39 +22,46 @@ import argparse
 import signal
 import sys
 import threading
+import time
 
-from radixcache.offload.mooncake.config import MooncakeConfig
-from radixcache.offload.mooncake.link import MooncakeLink
+from radixcache.offload.mooncake.config import MooncakeConfig  # light: no torch, no client yet
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="hold memory for a Mooncake pool until stopped")
     parser.add_argument("url", help="the pool, as engines name it: mooncake://HOST:PORT?...")
     parser.add_argument("--segment-mib", type=int, required=True, help="memory to contribute (MiB)")
-    parser.add_argument("--connect-timeout-s", type=float, default=60.0, help="give up after this long")
+    parser.add_argument("--connect-timeout-s", type=float, default=60.0,
+                        help="give up when no setup succeeded within this long")
     args = parser.parse_args(argv)
     if args.segment_mib <= 0:
         parser.error(f"--segment-mib must be positive, got {args.segment_mib}")
     try:
-        config = MooncakeConfig.from_url(
-            args.url, segment_mib=args.segment_mib, connect_timeout_s=args.connect_timeout_s
-        )
+        config = MooncakeConfig.from_url(args.url, segment_mib=args.segment_mib)
     except ValueError as exc:
         parser.error(str(exc))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    link = MooncakeLink(config)
-    try:
-        if not link.available():
-            print(f"error: could not set up a client of {config.describe()} ({link.last_error})",
-                  file=sys.stderr, flush=True)
+    config.configure_client_environment()
+    from mooncake.store import MooncakeDistributedStore
+
+    deadline = time.monotonic() + args.connect_timeout_s
+    while True:  # the master may still be starting
+        store = MooncakeDistributedStore()
+        rc = store.setup(config.client_settings())
+        if rc == 0:
+            break
+        if stop.is_set() or time.monotonic() > deadline:
+            print(f"error: no client of {config.describe()} could be set up ({rc})", file=sys.stderr, flush=True)
             return 1
+        time.sleep(config.retry_after_s)
+    try:
         print(f"ready: {args.segment_mib} MiB in the pool at {config.describe()}", flush=True)
         while not stop.wait(1.0):
             pass
     finally:
-        link.close()  # unmounts the segment
+        store.close()  # unmounts the segment: its pages leave the pool
     return 0
 
 

@@ -80,7 +80,7 @@ class MooncakeLink:
         self.connects = 0  # successful setups
         self.failed_setups = 0  # setups that failed (master down or unreachable)
         self.last_error = ""  # why the last setup failed
-        _configure_environment(config)
+        config.configure_client_environment()
         self._thread = threading.Thread(target=self._connect, name="radixcache-mooncake-connect", daemon=True)
         self._thread.start()
         self._ready.wait(config.connect_timeout_s)
@@ -154,16 +154,7 @@ class MooncakeLink:
         from mooncake.store import MooncakeDistributedStore
 
         config = self.config
-        settings = {
-            "local_hostname": config.resolved_local_host,
-            "metadata_server": config.resolved_metadata_url,
-            "global_segment_size": config.segment_mib << 20,
-            "local_buffer_size": 0,  # every transfer is zero-copy from registered memory
-            "protocol": config.protocol,
-            "rdma_devices": config.device,
-            "master_server_addr": config.master_address,
-            "tenant_id": config.tenant,
-        }
+        settings = config.client_settings()
         while True:
             with self._lock:
                 if self._closed:
@@ -189,22 +180,3 @@ class MooncakeLink:
                             config.describe(), rc, config.retry_after_s)
             self._ready.set()  # opening stops waiting: calls are misses until it connects
             time.sleep(config.retry_after_s)
-
-
-def _configure_environment(config: MooncakeConfig) -> None:
-    """Set the client library's environment settings that are not set yet."""
-    local = config.resolved_local_host
-    if _is_address(local):  # the address the transfer engine advertises for its data port
-        os.environ.setdefault("MC_TCP_BIND_ADDRESS", local)
-    os.environ.setdefault("MC_LOG_LEVEL", config.log_level)
-    os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", str(config.setup_retries))
-
-
-def _is_address(host: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
