@@ -103,7 +103,7 @@ class MooncakeStorage(StorageBase):
         self._lookup_unavailable = 0
         self._writer = MooncakeWriter(
             self.where, self._counters, self._held, self._link, self.keys, spec.page_size,
-            after_job=self._refresh_sizes,
+            before_job=self._refresh_sizes,
         )  # fmt: skip
         self._reader = MooncakeReader(self._link, self.keys, self._writer, spec.page_size)
 
@@ -176,7 +176,7 @@ class MooncakeStorage(StorageBase):
         self._sizes_at = now
         try:
             figures = master_metrics(url)
-        except OSError:  # figures only; the data calls notice a dead master
+        except Exception:  # figures only; the data calls notice a dead master
             return
         self._pool_sizes = StoreSizes(
             records=int(figures.get("master_key_count", 0)),

@@ -66,10 +66,10 @@ class MooncakeWriter(JobWriter):
         keys: PoolKeys,
         page_size: int,
         *,
-        after_job: Callable[[], None],
+        before_job: Callable[[], None],
     ) -> None:
-        """``after_job``: called on the writer thread after each job (e.g. to
-        refresh the pool's size figures)."""
+        """``before_job``: called on the writer thread before each job (e.g. to
+        refresh the pool's size figures, at most once a second)."""
         config = link.config
         self._link = link
         self._keys = keys
@@ -83,7 +83,7 @@ class MooncakeWriter(JobWriter):
         self._head_cap = rec.head_size(rec.MAX_KEY_BYTES, rec.MAX_INFO_BYTES, page_size)
         slot = self._head_cap + rec.NS_TAG_BYTES  # a record head, then a marker value
         self._staging = np.zeros(self._batch * slot, dtype=np.uint8)
-        self._after_job = after_job
+        self._before_job = before_job
         self._by_tag: dict[bytes, set[bytes]] = {}  # record keys this process stored, per namespace tag
         self._refused = RateLimitedLog(log)  # a full pool refuses every put
         self.unavailable = 0  # jobs cut short because the master was unreachable
@@ -98,13 +98,13 @@ class MooncakeWriter(JobWriter):
 
     def _run_batch(self, batch: list[WriteJob]) -> None:
         for job in batch:
+            self._before_job()
             if isinstance(job, PutJob):
                 self._put(job)
             elif isinstance(job, DeleteJob):
                 self._delete(job)
             else:
                 self._forget(job)
-            self._after_job()
 
     # -- put ---------------------------------------------------------------------------
     def _put(self, job: PutJob) -> None:
