@@ -13,7 +13,16 @@ import time
 from typing import Any
 
 import zmq
-from tests.events.events_testkit import BS, PROBE_HASH, MakePublisher, stored, sync, wait_until, worker_of
+from tests.events.events_testkit import (
+    BS,
+    PROBE_HASH,
+    MakePublisher,
+    replay,
+    stored,
+    sync,
+    wait_until,
+    worker_of,
+)
 from tests.events.gap_consumer import GapConsumer
 
 from radixcache.events import (
@@ -77,14 +86,13 @@ def test_a_subscriber_joining_an_idle_publisher_receives_its_newest_batch(
     for h in (1, 2, 3):
         pub.publish([stored([h], [h] * BS)])
     newest = pub.next_seq - 1
+    assert wait_until(lambda: pub.stats().sent == pub.stats().published)  # idle: all went out live
     sub = zctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(pub.endpoint)
     assert sub.poll(5_000), "nothing arrived"
     topic, seq, payload = sub.recv_multipart()
     assert (topic, int.from_bytes(seq, "big", signed=True)) == (b"", newest)
-    from tests.events.events_testkit import replay
-
     (again,) = [m for m in replay(zctx, pub.replay_endpoint, newest) if m[2] == seq]
     assert again[3] == payload  # byte for byte the batch it was
     assert pub.next_seq == newest + 1 and pub.stats().resent >= 1
