@@ -45,7 +45,10 @@ Restarts
     its sockets are bound. Live subscribers cannot receive it (they reconnect
     after it was sent), so a consumer asks replay whenever its connection to
     an engine is (re-)established; ``EventSubscriber`` does, which makes an
-    idle restart visible within the reconnect interval.
+    idle restart visible within the reconnect interval. For consumers that
+    ask replay only on a gap in the live sequence (Dynamo's indexer), the
+    live socket is an XPUB: when a subscriber joins, the newest batch is sent
+    again, unchanged, and its number shows the gap (``events.resync``).
 
 Robustness
     A record ``publish`` refuses (not a well-formed record) raises at once

@@ -1,4 +1,4 @@
-"""Frame sends on a PUB socket that keep the GIL.
+"""Frame sends on a PUB (or XPUB) socket that keep the GIL.
 
 Why: pyzmq releases the GIL around every ``zmq_msg_send``. The publisher
 thread sends three frames per batch; while the cache's owner thread runs
@@ -61,12 +61,13 @@ def _libzmq() -> ctypes.PyDLL | None:
 
 
 def frame_sender(sock: zmq.Socket[bytes]) -> FrameSend:
-    """``send(frame, flags)`` for the PUB socket ``sock``, keeping the GIL
-    where possible (see above). Raises ``zmq.ZMQError`` as pyzmq's send
-    does. Only the thread that owns ``sock`` may call it, until ``sock`` closes.
+    """``send(frame, flags)`` for the PUB (or XPUB) socket ``sock``, keeping
+    the GIL where possible (see above). Raises ``zmq.ZMQError`` as pyzmq's
+    send does. Only the thread that owns ``sock`` may call it, until ``sock``
+    closes.
     """
-    if sock.type != zmq.PUB:
-        raise ValueError("only a PUB socket never blocks on a send")
+    if sock.type not in (zmq.PUB, zmq.XPUB):  # both drop at the high-water mark
+        raise ValueError("only a PUB or XPUB socket never blocks on a send")
     lib = _libzmq()
     if lib is None:
         return sock.send

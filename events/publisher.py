@@ -97,6 +97,7 @@ class PublisherStats:
     encode_errors: int  # events that failed to encode: each dropped alone, the rest of its batch sent
     replay_bytes: int = 0  # payload bytes sent in answer to replay requests
     replays_dropped: int = 0  # replays abandoned (superseded, stalled or over the client limit)
+    resent: int = 0  # newest batches sent again because a subscriber joined (events.resync)
 
 
 class EventPublisher(Protocol):

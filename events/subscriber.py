@@ -13,9 +13,11 @@ sequence number seen live)::
                                      restart, no replay), drop the worker's
                                      state first and apply from the answer's
                                      first batch (a restart's AllBlocksCleared)
-      s <= last_live                 the publisher went backwards (a peer that
+      s <  last_live                 the publisher went backwards (a peer that
                                      restarts from 0): drop the state, catch up
-      s <  next_seq                  already applied through a replay: skip
+      s <  next_seq                  already applied (through a replay, or the
+                                     newest batch sent again when a subscriber
+                                     joined: events.resync): skip
       s == next_seq                  decode and apply
 
     connection to a worker's PUB re-established (after a drop)
@@ -303,9 +305,11 @@ class EventSubscriber:
             stats.malformed += 1
             logger.warning("worker %r: negative sequence number %d", worker.spec.worker_id, seq)
             return
-        if worker.last_live is not None and seq <= worker.last_live:
+        if worker.last_live is not None and seq < worker.last_live:
             # Numbers went back: a publisher that restarts its count. Drop
-            # what we hold and start over from its replay buffer.
+            # what we hold and start over from its replay buffer. (The same
+            # number again is a batch sent again for a subscriber that
+            # joined, events.resync: a duplicate.)
             stats.restarts += 1
             logger.info("worker %r restarted (seq %d after %d); rebuilding its state",
                         worker.spec.worker_id, seq, worker.last_live)

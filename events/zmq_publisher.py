@@ -13,6 +13,8 @@ guarantees. Who does what::
         when full (counted)                 PUB  <- [topic, seq, payload]
       wake the thread if it sleeps          ROUTER: take replay requests, then
                                               send one bounded slice of answers
+                                            PUB (an XPUB): a subscriber joined:
+                                              the newest batch again (resync.py)
                                             sleep in poll() until woken
 
 The sequence number and the replay-buffer entry are taken *before* the
@@ -52,9 +54,10 @@ from itertools import islice
 import zmq
 
 from radixcache.events.codec import BatchEncoder, check_events
-from radixcache.events.gil_send import frame_sender
+from radixcache.events.gil_send import FrameSend, frame_sender
 from radixcache.events.publisher import BindError, PublisherConfig, PublisherStats
 from radixcache.events.replay import BufferedBatch, ReplayService
+from radixcache.events.resync import SubscriptionWatch, open_live_socket
 from radixcache.events.sequence import SequenceSource
 from radixcache.events.types import AllBlocksCleared, KvEvent
 
@@ -93,6 +96,7 @@ class ZmqEventPublisher:
         # Written by the thread only:
         self._sent = 0
         self._encode_errors = 0
+        self._watch = SubscriptionWatch()  # a subscriber joined: send the newest batch again
         self._replays = ReplayService(config, self._topic)
         self._endpoint = config.endpoint
         self._replay_endpoint = config.replay_endpoint
@@ -189,7 +193,7 @@ class ZmqEventPublisher:
             return PublisherStats(
                 self._published, self._dropped, self._sent,
                 replays.requests, replays.replayed, self._encode_errors,
-                replays.replay_bytes, replays.dropped,
+                replays.replay_bytes, replays.dropped, self._watch.resent,
             )
 
     def close(self) -> None:
@@ -243,7 +247,7 @@ class ZmqEventPublisher:
     def _run(self) -> None:
         cfg = self._config
         ctx = zmq.Context(io_threads=1)
-        pub = ctx.socket(zmq.PUB)
+        pub = open_live_socket(ctx)  # an XPUB: it hears subscribers join (events.resync)
         router: zmq.Socket[bytes] | None = None
         try:
             pub.setsockopt(zmq.SNDHWM, cfg.send_hwm)
@@ -279,6 +283,7 @@ class ZmqEventPublisher:
     def _loop(self, pub: zmq.Socket[bytes], router: zmq.Socket[bytes] | None) -> None:
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(pub, zmq.POLLIN)  # subscriptions
         if router is not None:
             poller.register(router, zmq.POLLIN)
         encoder = BatchEncoder(self._config.media)
@@ -305,6 +310,8 @@ class ZmqEventPublisher:
                     self._sent += 1
             if closing and not batch:
                 return
+            if self._watch.due:
+                self._resend_newest(send, encoder)
             if router is not None and replays:
                 replays.serve_slice(router, self._window, lambda entry: self._payload(entry, encoder))
             # Busy: go on, looking at replay requests every few ms. Just ran
@@ -333,6 +340,23 @@ class ZmqEventPublisher:
                     pass
             if router is not None and router in ready:
                 replays.take_requests(router)
+            if pub in ready:
+                self._watch.hear(pub)
+
+    def _resend_newest(self, send: FrameSend, encoder: BatchEncoder) -> None:
+        """A subscriber joined: send the newest batch again, unless batches are
+        still queued (they go out first, and are news to it anyway). See events.resync."""
+        with self._lock:
+            if self._pending:
+                return
+            entry = self._replay[-1] if self._replay else None
+        self._watch.due = False
+        payload = None if entry is None else self._payload(entry, encoder)
+        if entry is not None and payload is not None:
+            send(self._topic, zmq.SNDMORE)
+            send(entry.frame, zmq.SNDMORE)
+            send(payload, 0)
+            self._watch.resent += 1
 
     def _payload(self, entry: BufferedBatch, encoder: BatchEncoder) -> bytes | None:
         """The batch's payload, encoded once (live and replay send the same

@@ -8,6 +8,7 @@
     storage/         the storage contract and the shared base every backend subclasses
     lmdb/            the LMDB backend (local disk)
     valkey/          the Valkey backend (a pool shared by engines; the ``valkey`` extra)
+    mooncake/        the Mooncake Store backend (a pool shared by engines; the ``mooncake`` extra)
 
 This package may import ``transfer`` (and ``events`` types); it never imports
 the engine (``radixcache`` itself). It is the only package that talks to
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from radixcache.offload.host import HostPool, HostPoolConfig
     from radixcache.offload.lmdb import LmdbStorage, StorageConfig
+    from radixcache.offload.mooncake import MooncakeConfig, MooncakeStorage
     from radixcache.offload.policy import (
         PrefetchPolicy,
         WritePolicy,
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
 
 _BACKENDS = "radixcache.offload.backends"
 _CONTROLLER = "radixcache.offload.controller"
+_MOONCAKE = "radixcache.offload.mooncake"
 _POLICY = "radixcache.offload.policy"
 _STORAGE = "radixcache.offload.storage"
 _VALKEY = "radixcache.offload.valkey"
@@ -82,6 +85,8 @@ _NAMES = LazyNames(
         "HostPoolConfig": "radixcache.offload.host",
         "LmdbStorage": "radixcache.offload.lmdb",
         "StorageConfig": "radixcache.offload.lmdb",
+        "MooncakeConfig": _MOONCAKE,
+        "MooncakeStorage": _MOONCAKE,
         "PrefetchPolicy": _POLICY,
         "WritePolicy": _POLICY,
         "make_prefetch_policy": _POLICY,

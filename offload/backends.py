@@ -1,6 +1,7 @@
-"""Choosing the storage backend by configuration: an LMDB directory or a Valkey pool.
+"""Choosing the storage backend by configuration: an LMDB directory, a Valkey or a Mooncake pool.
 
-The one module that knows every backend (``offload/lmdb/``, ``offload/valkey/``);
+The one module that knows every backend (``offload/lmdb/``, ``offload/valkey/``,
+``offload/mooncake/``);
 the backends know nothing of each other. A new backend adds its scheme here.
 
 ``storage_config(target)`` turns what a user wrote into a backend's frozen
@@ -11,10 +12,12 @@ config; ``open_backend(target, spec, fingerprint)`` opens the backend::
     "valkey://10.0.0.5:6379/0"            -> ValkeyStorage on one server
     "valkeys://user@pool.internal:6380/0" -> ... over TLS (rediss:// too)
     "valkey://10.0.0.5:7000?cluster=true" -> ... on a Valkey cluster
-    StorageConfig(...) / ValkeyConfig(...) -> as given
+    "mooncake://10.0.0.5:50051"           -> MooncakeStorage (a Mooncake Store master)
+    StorageConfig(...) / ValkeyConfig(...) / MooncakeConfig(...) -> as given
 
-Only opening a pool imports the client library (the ``valkey`` extra:
-redis-py and hiredis); LMDB-only users need neither.
+Only opening a pool imports its client library (the ``valkey`` extra:
+redis-py and hiredis; the ``mooncake`` extra: Mooncake's transfer engine);
+LMDB-only users need neither.
 
 Passwords: a URL may carry one (``valkey://user:secret@host``), but a command
 line is visible to every user of the machine, so a pool URL without a password
@@ -29,28 +32,31 @@ import os
 from urllib.parse import parse_qs, urlsplit
 
 from radixcache.offload.lmdb import DURABILITY_MODES, StorageConfig, open_lmdb_storage
+from radixcache.offload.mooncake import SCHEME as MOONCAKE_SCHEME
+from radixcache.offload.mooncake import MooncakeConfig
 from radixcache.offload.storage import ModelFingerprint, NullStorage, StorageOpening
 from radixcache.offload.valkey import SCHEMES, ValkeyConfig, redact_url
 from radixcache.transfer.layout import KVSpec
 
 PASSWORD_ENV = "RADIXCACHE_VALKEY_PASSWORD"
-StorageTarget = str | os.PathLike[str] | StorageConfig | ValkeyConfig | None
+StorageTarget = str | os.PathLike[str] | StorageConfig | ValkeyConfig | MooncakeConfig | None
+BackendConfig = StorageConfig | ValkeyConfig | MooncakeConfig
 _LMDB_OPTIONS = ("capacity_gib", "durability", "num_readers")
 
 
-def storage_config(target: StorageTarget) -> StorageConfig | ValkeyConfig | None:
+def storage_config(target: StorageTarget) -> BackendConfig | None:
     """The backend config ``target`` names (see the module docstring).
 
     Raises ValueError (URL redacted) for an unknown scheme or option, TypeError
     for anything that is not a target.
     """
-    if target is None or isinstance(target, (StorageConfig, ValkeyConfig)):
+    if target is None or isinstance(target, (StorageConfig, ValkeyConfig, MooncakeConfig)):
         return target
     if isinstance(target, os.PathLike):
         return StorageConfig(path=target)
     if not isinstance(target, str):
         raise TypeError(
-            f"storage must be None, a URL or path str, a StorageConfig or a ValkeyConfig; "
+            f"storage must be None, a URL or path str, a StorageConfig, ValkeyConfig or MooncakeConfig; "
             f"got {type(target).__name__}"
         )
     if not target:
@@ -62,12 +68,14 @@ def storage_config(target: StorageTarget) -> StorageConfig | ValkeyConfig | None
         if config.password is None and password:
             config = config.with_password(password)
         return config
+    if scheme == MOONCAKE_SCHEME:
+        return MooncakeConfig.from_url(target)
     if scheme == "lmdb":
         return _lmdb_config(target)
     if scheme:
         raise ValueError(
             f"storage URL {redact_url(target)!r}: unknown scheme {scheme!r} "
-            f"(known: lmdb, {', '.join(sorted(SCHEMES))})"
+            f"(known: lmdb, {MOONCAKE_SCHEME}, {', '.join(sorted(SCHEMES))})"
         )
     return StorageConfig(path=target)  # a bare directory path
 
@@ -105,8 +113,9 @@ def open_backend(
 
     LMDB: as ``open_lmdb_storage`` (a damaged store is moved aside, an
     unusable one disables the tier, unless ``on_open_error="strict"``). A
-    Valkey pool is always "opened": one that is down is a miss on every call
-    until it answers (the engine reconnects). None: ``NullStorage``, "disabled".
+    pool (Valkey, Mooncake) is always "opened": one that is down is a miss on
+    every call until it answers (the engine reconnects). None:
+    ``NullStorage``, "disabled".
     """
     config = storage_config(target)
     if config is None:
@@ -120,4 +129,13 @@ def open_backend(
                 "pip install 'radixcache[valkey]'"
             ) from exc
         return StorageOpening(ValkeyStorage(config, spec, fingerprint), "opened")
+    if isinstance(config, MooncakeConfig):
+        try:  # the client library is an extra: only a pool needs it
+            from radixcache.offload.mooncake.storage import MooncakeStorage
+        except ImportError as exc:
+            raise ImportError(
+                f"a Mooncake pool needs the client library ({exc.name or exc}): "
+                "apt-get install libibverbs1 && pip install 'radixcache[mooncake]'"
+            ) from exc
+        return StorageOpening(MooncakeStorage(config, spec, fingerprint), "opened")
     return open_lmdb_storage(config, spec, fingerprint)

@@ -96,7 +96,7 @@ def test_only_events_talks_zmq_and_msgpack_only_offload_talks_lmdb() -> None:
                 assert not mods & {"zmq", "msgpack"}, f"{rel} uses ZMQ/msgpack"
             if folder != "offload":
                 assert "lmdb" not in mods, f"{rel} uses LMDB"
-                assert not mods & {"redis", "valkey", "glide"}, f"{rel} talks to a storage server"
+                assert not mods & {"redis", "valkey", "glide", "mooncake"}, f"{rel} talks to a storage server"
             if folder != "transfer":
                 assert "cupy" not in mods, f"{rel} uses cupy"
 
@@ -147,8 +147,8 @@ def test_the_tiers_are_below_the_facade() -> None:
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
-BACKENDS = ("lmdb", "valkey")  # offload/<backend>/: one folder each
-CLIENTS = {"lmdb": {"lmdb"}, "valkey": {"redis", "valkey", "glide"}}  # what each may talk to
+BACKENDS = ("lmdb", "valkey", "mooncake")  # offload/<backend>/: one folder each
+CLIENTS = {"lmdb": {"lmdb"}, "valkey": {"redis", "valkey", "glide"}, "mooncake": {"mooncake"}}  # what each may talk to
 
 
 def offload_part(module: str) -> str | None:
@@ -276,8 +276,9 @@ def test_no_import_circles() -> None:
                              "radixcache.recorder")),
         ("radixcache.keys", ("lmdb", "zmq", "torch", "radixcache.tree", "radixcache.tiers",
                              "radixcache.offload", "radixcache.events")),
-        ("radixcache.offload", ("redis", "lmdb", "torch", "radixcache.offload.lmdb",
-                                "radixcache.offload.valkey", "radixcache.cache")),
+        ("radixcache.offload", ("redis", "lmdb", "torch", "mooncake", "radixcache.offload.lmdb",
+                                "radixcache.offload.valkey", "radixcache.offload.mooncake",
+                                "radixcache.cache")),
     ],
 )
 def test_importing_a_layer_loads_only_what_it_needs(module: str, banned: tuple[str, ...]) -> None:

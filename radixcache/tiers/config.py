@@ -32,9 +32,10 @@ class TierConfig:
     prefetch_policy: str = "best_effort"  # best_effort, wait_complete, timeout
     prefetch_base_s: float = 0.002  # timeout policy: fixed wait per request
     prefetch_per_token_s: float = 2e-7  # timeout policy: extra wait per token in flight
-    # None: no storage tier; an LMDB StorageConfig, a ValkeyConfig, or a URL /
-    # directory (``lmdb:///DIR``, ``DIR``, ``valkey://HOST:PORT/DB[?cluster=true]``),
-    # parsed here into one of the two (the password never appears in the repr)
+    # None: no storage tier; an LMDB StorageConfig, a ValkeyConfig, a
+    # MooncakeConfig, or a URL / directory (``lmdb:///DIR``, ``DIR``,
+    # ``valkey://HOST:PORT/DB[?cluster=true]``, ``mooncake://HOST:PORT?...``),
+    # parsed here into one of them (a password never appears in the repr)
     storage: StorageTarget = None
     model_id: str = "radixcache-model"  # part of the storage fingerprint
     tp_rank: int = 0  # part of the storage fingerprint

@@ -5,6 +5,7 @@ neither a backend nor a client library it does not need."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ PUBLIC = {
         "LmdbStorage",
         "MAX_KEY_BYTES",
         "ModelFingerprint",
+        "MooncakeConfig",
+        "MooncakeStorage",
         "NullStorage",
         "OffloadController",
         "PoolLookup",
@@ -91,6 +94,16 @@ PUBLIC = {
         "StorageConfig",
         "open_lmdb_storage",
     ],
+    "radixcache.offload.mooncake": [
+        "HolderProcess",
+        "MasterProcess",
+        "MooncakeConfig",
+        "MooncakePoolStats",
+        "MooncakeStorage",
+        "PoolUnavailable",
+        "SCHEME",
+        "scratch_pool",
+    ],
     "radixcache.offload.valkey": [
         "PoolLookup",
         "PoolStats",
@@ -106,8 +119,13 @@ PUBLIC = {
 }
 
 
+NEEDS_CLIENT = {"radixcache.offload.mooncake": "mooncake.store"}  # resolving every name loads it
+
+
 @pytest.mark.parametrize("package", sorted(PUBLIC))
 def test_each_package_exports_exactly_its_public_names(package: str) -> None:
+    if package in NEEDS_CLIENT:
+        pytest.importorskip(NEEDS_CLIENT[package])
     module = importlib.import_module(package)
     assert sorted(module.__all__) == sorted(PUBLIC[package])
     for name in module.__all__:
@@ -117,7 +135,7 @@ def test_each_package_exports_exactly_its_public_names(package: str) -> None:
 
 def test_the_package_names_are_the_backends_own_objects() -> None:
     import radixcache.offload as offload
-    from radixcache.offload import lmdb, storage, valkey
+    from radixcache.offload import lmdb, mooncake, storage, valkey
 
     assert offload.StorageConfig is lmdb.StorageConfig
     assert offload.LmdbStorage is lmdb.LmdbStorage
@@ -126,6 +144,10 @@ def test_the_package_names_are_the_backends_own_objects() -> None:
     assert offload.Storage is storage.Storage
     assert issubclass(lmdb.LmdbStorage, storage.StorageBase)
     assert issubclass(valkey.ValkeyStorage, storage.StorageBase)
+    assert offload.MooncakeConfig is mooncake.MooncakeConfig
+    if importlib.util.find_spec("mooncake") is not None:
+        assert offload.MooncakeStorage is mooncake.MooncakeStorage
+        assert issubclass(mooncake.MooncakeStorage, storage.StorageBase)
     with pytest.raises(AttributeError, match="no_such_name"):
         offload.no_such_name  # noqa: B018
 
@@ -134,7 +156,8 @@ def _loaded_after(code: str) -> list[str]:
     """The modules of interest loaded by ``code``, in a fresh interpreter."""
     probe = (
         f"import sys\n{code}\n"
-        "ours = ('redis', 'lmdb', 'radixcache.offload.lmdb', 'radixcache.offload.valkey')\n"
+        "ours = ('redis', 'lmdb', 'mooncake', 'radixcache.offload.lmdb', 'radixcache.offload.valkey',"
+        " 'radixcache.offload.mooncake')\n"
         "print(sorted(m for m in sys.modules for o in ours if m == o or m.startswith(o + '.')))"
     )
     out = subprocess.run(
@@ -155,6 +178,7 @@ def test_lmdb_users_never_load_the_pool_client() -> None:
     )
     assert "lmdb" in loaded and "radixcache.offload.lmdb" in loaded
     assert not [m for m in loaded if m == "redis" or m.startswith("redis.")], loaded
+    assert not [m for m in loaded if m == "mooncake" or m.startswith("mooncake.")], loaded
     assert "radixcache.offload.valkey.storage" not in loaded, loaded
 
 
@@ -163,3 +187,12 @@ def test_a_pool_config_loads_no_client_library() -> None:
         "from radixcache.offload import ValkeyConfig\nValkeyConfig.from_url('valkey://h:1/0')"
     )
     assert not [m for m in loaded if m == "redis" or m.startswith("redis.")], loaded
+
+
+def test_a_mooncake_config_loads_no_client_library() -> None:
+    loaded = _loaded_after(
+        "from radixcache.offload import MooncakeConfig, storage_config\n"
+        "MooncakeConfig.from_url('mooncake://h:1'); storage_config('mooncake://h:2?protocol=tcp')"
+    )
+    assert not [m for m in loaded if m == "mooncake" or m.startswith("mooncake.")], loaded
+    assert "radixcache.offload.mooncake.storage" not in loaded, loaded

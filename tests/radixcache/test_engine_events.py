@@ -483,6 +483,58 @@ def test_engine_restart_on_the_same_storage(tmp_path: Path) -> None:
         sub.close()
 
 
+def test_an_idle_engine_restart_reaches_a_gap_driven_router_within_a_second(tmp_path: Path) -> None:
+    """A router that asks for replay only on a gap (tests/events/gap_consumer.py,
+    modelled on Dynamo 1.6.1's indexer) follows an engine that restarts on
+    the same storage and then stays idle: within a second it holds exactly
+    the new incarnation's residency (its DISK survivors, nothing on GPU or
+    host), though the engine published nothing after its start."""
+    from tests.events.gap_consumer import GapConsumer
+
+    store = tmp_path / "store"
+    index = KvIndex(IndexConfig(block_size=P))
+    first_cache = make_cache(store, "write_through")
+    first = ZmqEventPublisher(PublisherConfig(
+        endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", close_linger_ms=200))
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = GapConsumer(ctx, index, "engine", first.endpoint, first.replay_endpoint)
+    try:
+        deadline = time.monotonic() + 5.0
+        while router.live == 0:  # connected once it receives a live batch
+            assert time.monotonic() < deadline, "the router never connected"
+            first.publish([BlockRemoved([(1 << 63) - 1], "GPU")])
+            router.poll(20)
+        tenant_workload(first_cache, first.publish, seed=11, steps=200)
+        assert router.run_until(lambda: router.last == first.next_seq - 1, 10.0)
+        assert router_residency(index) == engine_residency(first_cache)
+        old_disk = engine_residency(first_cache)["DISK"]
+        assert old_disk and router_residency(index)["GPU"]
+        first_cache.close()
+        first.close()
+        router.poll(50)  # the connection drops
+
+        cache = make_cache(store, "write_through")  # announces the survivors
+        pub = ZmqEventPublisher(PublisherConfig(
+            endpoint=first.endpoint, replay_endpoint=first.replay_endpoint, close_linger_ms=200))
+        try:
+            pub.publish(cache.take_events())  # before the router is back; then no traffic
+            published = pub.next_seq
+            expected = engine_residency(cache)
+            assert expected == {"GPU": set(), "CPU_PINNED": set(), "DISK": old_disk}
+            started = time.monotonic()
+            ok = router.run_until(lambda: router_residency(index) == expected, 3.0)
+            elapsed = time.monotonic() - started
+            assert ok, (router.gaps, router.recovered, pub.stats())
+            assert elapsed < 1.0, elapsed
+            assert pub.next_seq == published and router.gaps == 1
+        finally:
+            cache.close()
+            pub.close()
+    finally:
+        router.close()
+        ctx.destroy(linger=0)
+
+
 def test_survivors_come_parents_first_and_orphans_are_held_by_id(tmp_path: Path) -> None:
     store = tmp_path / "store"
     cache = make_cache(store, "write_through")

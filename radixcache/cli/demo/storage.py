@@ -1,4 +1,4 @@
-"""Where ``radixcache demo`` keeps its pages: an LMDB directory or a Valkey pool.
+"""Where ``radixcache demo`` keeps its pages: an LMDB directory or a pool (Valkey, Mooncake).
 
 ``--storage-path``/``--storage-mib`` name an LMDB store (the default);
 ``--storage URL`` (alias ``--hicache-storage-backend``) names any backend
@@ -22,6 +22,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 from radixcache.cli.parser import UsageError, describe
 from radixcache.offload import StorageConfig, ValkeyConfig, storage_config
+from radixcache.offload.mooncake import MooncakeConfig
+
+PoolConfig = ValkeyConfig | MooncakeConfig  # a pool shared by engines
 
 if TYPE_CHECKING:
     from radixcache.offload.valkey import ScratchCluster
@@ -32,12 +35,12 @@ class DemoStore:
     """The demo's storage tier: exactly one of ``lmdb`` and ``pool`` is set."""
 
     lmdb: StorageConfig | None
-    pool: ValkeyConfig | None
+    pool: PoolConfig | None
     scratch: bool = False  # a pool started for this run (gone after it)
     cluster: ScratchCluster | None = None  # the scratch cluster started for this run
 
     @property
-    def config(self) -> StorageConfig | ValkeyConfig:
+    def config(self) -> StorageConfig | PoolConfig:
         config = self.lmdb or self.pool
         assert config is not None
         return config
@@ -56,7 +59,8 @@ class DemoStore:
         if self.lmdb is not None:
             return f"LMDB {self.lmdb.capacity_bytes >> 20} MiB at {self.lmdb.path}"
         assert self.pool is not None
-        kind = "scratch Valkey pool" if self.scratch else "Valkey pool"
+        name = "Mooncake" if isinstance(self.pool, MooncakeConfig) else "Valkey"
+        kind = f"scratch {name} pool" if self.scratch else f"{name} pool"
         if self.cluster is not None:
             kind = f"scratch {len(self.cluster.nodes)}-node Valkey cluster"
         return f"{kind} {self.pool.describe()}"
@@ -103,7 +107,7 @@ def demo_store(args: argparse.Namespace) -> Iterator[DemoStore]:
         config = storage_config(args.storage)
     except (ValueError, TypeError) as err:  # checked by argparse already; a second guard
         raise UsageError(f"--storage: {err}") from None
-    if isinstance(config, ValkeyConfig):
+    if isinstance(config, (ValkeyConfig, MooncakeConfig)):
         yield DemoStore(lmdb=None, pool=config)
     else:
         assert config is not None
