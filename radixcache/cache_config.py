@@ -99,7 +99,7 @@ def build_index(
         return CacheIndex(RadixTree(page_size, policy, recorder), NullTiers(), recorder)
     assert kv is not None
     host = HostPool(config.spec, config.tiers.host, config.num_device_pages)
-    index = HostIndex(host, recorder, page_size)
+    index = HostIndex(host, recorder, page_size, policy)
     tree = RadixTree(page_size, policy, recorder, index)
     tiers = HostTiers(
         tree,

@@ -17,7 +17,9 @@ The contract (``CopyEngine``) is the same on CPU and GPU:
 
 ``CpuCopyEngine`` (``transfer.engine``) runs copies on one worker thread, strictly in
 submission order, both directions through one queue: a copy observes every
-copy submitted before it, and tickets complete in submission order.
+copy submitted before it, and tickets complete in submission order. A small
+copy submitted while none is in flight runs at once on the caller's thread
+(cheaper than two thread wake-ups): its ticket is done on return.
 ``CudaCopyEngine`` (``transfer.cuda_engine``) documents its own ordering.
 """
 

@@ -12,6 +12,10 @@ tree node, four fields the tree never reads (they sit on the node for speed):
 * ``loading``: of those, loads writing its device pages: no insert adopts
   the node and no second load starts meanwhile.
 
+Which host copies go first when the host pool is short is ``HostEviction``'s
+(radixcache/tiers/host_eviction.py): every residency change below keeps it
+current, so host eviction never walks the tree.
+
 A store only reads host pages: it holds the node (so the host copy stays)
 but does not mark it loading, so a load-back of the same pages proceeds
 (invariant 11). A node split while a job is in flight passes its holds to
@@ -25,9 +29,11 @@ from typing import Final
 
 import numpy as np
 
-from radixcache.tree.node import EMPTY_PAGES, Node, PageIds
-from radixcache.offload import HostPool
 from radixcache.events.types import Medium
+from radixcache.offload import HostPool
+from radixcache.tiers.host_eviction import HostEviction
+from radixcache.tree.node import EMPTY_PAGES, Node, PageIds
+from radixcache.tree.policies import EvictionPolicy
 from radixcache.tree.recording import Recorder
 
 CPU_PINNED: Final = "CPU_PINNED"  # the host medium, as the recorder names it
@@ -37,11 +43,14 @@ DISK: Final = "DISK"  # the storage medium
 class HostIndex:
     """Host/storage residency and job holds of tree nodes. Owner thread only."""
 
-    def __init__(self, pool: HostPool, recorder: Recorder, page_size: int) -> None:
+    def __init__(
+        self, pool: HostPool, recorder: Recorder, page_size: int, policy: EvictionPolicy
+    ) -> None:
         self.pool = pool
         self.page_size = page_size
         self.recorder = recorder
         self.host_pages = 0  # host pages held by nodes
+        self.eviction = HostEviction(policy)  # host copies in the tree's policy order
         # The storage tier's event medium (HostTiers sets it): DISK announces
         # every page stored or read back; EXTERNAL (a shared pool) only the
         # pages this engine wrote, which ``note_written`` collects and the
@@ -69,6 +78,7 @@ class HostIndex:
         upper.stored = lower.stored
         upper.holds = lower.holds  # a job in flight covers both pieces
         upper.loading = lower.loading
+        self.eviction.track(upper)
 
     def discard(self, node: Node) -> None:
         assert node.holds == 0, f"{node!r} left the tree while a job holds it"
@@ -78,6 +88,10 @@ class HostIndex:
             node.host = None
             self.host_pages -= pages.size
             self.pool.free(pages)
+            self.eviction.untrack(node)
+        parent = node.parent
+        if parent is not None and parent.host is not None:
+            self.eviction.track(parent)  # it may have lost its last child
 
     def forgotten(self, node: Node) -> None:
         if node.host is not None:
@@ -91,6 +105,7 @@ class HostIndex:
         node.host = pages
         self.host_pages += pages.size
         self.recorder.stored(node, 0, int(pages.size), CPU_PINNED)
+        self.eviction.track(node)
 
     def attach_stored(self, node: Node, pages: PageIds) -> None:
         """A node read back from storage: host ``pages``, stored."""
@@ -139,22 +154,8 @@ class HostIndex:
         self.recorder.removed(node, CPU_PINNED)
         node.host = None
         self.host_pages -= pages.size
+        self.eviction.untrack(node)
         return pages
-
-    def candidates(self, nodes: Iterable[Node], key: object) -> list[Node]:
-        """Nodes whose host copy may be dropped now, in ``key`` order: unlocked,
-        not held, and either still on the device or childless (so dropping
-        leaves no orphan). O(nodes)."""
-        found = [
-            n
-            for n in nodes
-            if n.host is not None
-            and n.lock_ref == 0
-            and n.holds == 0
-            and (n.device is not None or not n.children)
-        ]
-        found.sort(key=key)  # type: ignore[arg-type]
-        return found
 
     # ------------------------------------------------------------------ holds
     @staticmethod
@@ -177,6 +178,7 @@ class HostIndex:
         """Everything went (the tree was reset, no job in flight): free every host page."""
         self.pool.free(self.pool.allocated_ids())
         self.host_pages = 0
+        self.eviction.clear()
 
     def host_page_ids(self, nodes: Iterable[Node]) -> PageIds:
         parts = [n.host for n in nodes if n.host is not None]
@@ -211,3 +213,4 @@ class HostIndex:
         assert np.array_equal(np.sort(ids), allocated), (
             f"host pool accounting: {allocated.size} allocated, {ids.size} owned"
         )
+        self.eviction.check_integrity(nodes)

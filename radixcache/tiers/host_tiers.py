@@ -146,6 +146,9 @@ class HostTiers:
 
     # ------------------------------------------------------------------ backups
     def on_insert(self, result: InsertResult) -> None:
+        # A node with a host copy that the insert gave device pages again may
+        # have left host eviction's heap as an inner host-only node: back in.
+        self.index.eviction.track_all(result.new_nodes)
         if self.write.backup_on_insert():
             for node in result.new_nodes:
                 if node.host is None and not node.holds:
@@ -201,15 +204,19 @@ class HostTiers:
         if pages is not None:
             return pages
         short = n - self.host.free_count
-        for node in self.index.candidates(self.tree.nodes(), self.tree.policy.key):
-            if short <= 0:
-                break
+        eviction = self.index.eviction
+        for node in eviction.victims():  # policy order, O(log n) each: no walk of the tree
             freed = self.index.drop(node)
             if node.device is None:
+                parent = node.parent
                 self.tree.below.remove_leaf(node)
+                if parent is not None:
+                    eviction.track(parent)  # it may have lost its last child
             self.host.free(freed)
             self.counters.host_evicted_pages += int(freed.size)
             short -= int(freed.size)
+            if short <= 0:
+                break
         return self.host.allocate(n)
 
     # ------------------------------------------------------------------ completions

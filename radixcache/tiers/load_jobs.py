@@ -83,6 +83,7 @@ class LoadJob(TierJob):
         if ok:
             for node, pages in share_out(nodes, device, rt.page_size):
                 rt.tree.below.attach_device(node, pages)
+            rt.index.eviction.track_all(nodes)  # on the device again: host victims once free
         else:
             rt.free_device(device)
         req = self.req

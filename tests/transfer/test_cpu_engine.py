@@ -12,6 +12,7 @@ import torch
 from tests.transfer.transfer_testkit import as_bits, fill_random
 
 from radixcache.transfer.engine import (
+    INLINE_BYTES,
     CopyEngine,
     CopyRequest,
     CpuCopyEngine,
@@ -47,10 +48,46 @@ def buffers(spec: KVSpec, make_buffers: MakeBuffers) -> tuple[DeviceKVBuffer, Ho
     return make_buffers(spec)
 
 
-@pytest.fixture
-def engine(buffers: tuple[DeviceKVBuffer, HostKVBuffer]) -> Iterator[CpuCopyEngine]:
-    eng = CpuCopyEngine(*buffers)
+@pytest.fixture(params=[0, INLINE_BYTES], ids=["worker", "inline"])
+def engine(
+    buffers: tuple[DeviceKVBuffer, HostKVBuffer], request: pytest.FixtureRequest
+) -> Iterator[CpuCopyEngine]:
+    """Every copy on the worker, or small ones inline when the engine is idle."""
+    eng = CpuCopyEngine(*buffers, inline_bytes=request.param)
     yield eng
+    close_within(eng)
+
+
+def test_a_small_copy_on_an_idle_engine_is_done_on_return(
+    buffers: tuple[DeviceKVBuffer, HostKVBuffer],
+) -> None:
+    dev, host = buffers
+    eng = CpuCopyEngine(dev, host)
+    seen: list[str] = []
+    save = eng.device_to_host(ids(3, 5), ids(0, 1))
+    assert save.done() and save.error is None  # ran on this thread: no wait
+    assert torch.equal(as_bits(host.data[1]), as_bits(host_page_of(dev, 5)))
+    close_within(eng)
+    hooked = CpuCopyEngine(
+        dev, host, before_copy=lambda r: seen.append(threading.current_thread().name)
+    )
+    assert hooked.device_to_host(ids(4), ids(2)).wait(WAIT)
+    assert seen == ["kv-copy"]  # with a fault hook, every copy goes to the worker
+    close_within(hooked)
+
+
+def test_a_small_copy_behind_a_queued_one_waits_its_turn(
+    spec: KVSpec, make_buffers: MakeBuffers
+) -> None:
+    """A copy too big to run inline is queued; a small one right after it must
+    still observe it (it reads the host pages the first one writes)."""
+    dev, host = make_buffers(spec, device_pages=12, host_pages=10)
+    eng = CpuCopyEngine(dev, host, inline_bytes=spec.page_bytes)
+    expect = [host_page_of(dev, p).clone() for p in range(6)]
+    big = eng.device_to_host(ids(0, 1, 2, 3, 4, 5), ids(9, 8, 7, 6, 5, 4))
+    small = eng.host_to_device(ids(4), ids(11))  # host page 4 <- device page 5, by ``big``
+    assert small.wait(WAIT) and big.done()
+    assert torch.equal(as_bits(host_page_of(dev, 11)), as_bits(expect[5]))
     close_within(eng)
 
 
