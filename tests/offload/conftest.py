@@ -126,11 +126,24 @@ def mooncake_kit_at(tmp_path: Path) -> Iterator[Callable[[str], MooncakeKit]]:
 
 
 # -- every backend, for the storage conformance tests (tests/offload/storage/) -----------------
-from tests.offload.storage.backends_under_test import BACKENDS, Backend, backend_under_test  # noqa: E402
+from tests.offload.storage.backends_under_test import (  # noqa: E402
+    BACKENDS,
+    SHARED_BACKENDS,
+    Backend,
+    backend_under_test,
+)
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """Each backend in turn: LMDB, a Valkey server, a Valkey cluster, a Mooncake pool."""
     with backend_under_test(request.param, request, tmp_path) as under_test:
+        yield under_test
+
+
+@pytest.fixture(params=SHARED_BACKENDS)
+def shared_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """Each pool several engines open at once (LMDB has one owner: not here)."""
+    with backend_under_test(request.param, request, tmp_path) as under_test:
+        assert under_test.shared
         yield under_test

@@ -27,6 +27,7 @@ from radixcache.offload import ModelFingerprint, Storage
 from tests.offload.storekit import StoreKit
 
 BACKENDS = ("lmdb", "valkey", "valkey-cluster", "mooncake")
+SHARED_BACKENDS = ("valkey", "valkey-cluster", "mooncake")  # several engines open one at once
 
 
 class Backend:

@@ -23,11 +23,6 @@ from radixcache.offload.storage import record
 from tests.offload.storage.backends_under_test import Backend
 
 
-def shared_only(backend: Backend) -> None:
-    if not backend.shared:
-        pytest.skip(f"{backend.name} is owned by one opener at a time")
-
-
 def test_put_get_round_trip_is_bit_exact(backend: Backend) -> None:
     store = backend.open()
     assert isinstance(store, Storage)
@@ -57,8 +52,8 @@ def test_longest_prefix_stops_at_the_first_missing_page(backend: Backend) -> Non
     assert store.longest_prefix([]) == 0
 
 
-def test_put_skips_stored_keys_and_a_second_engine_reads_them(backend: Backend) -> None:
-    shared_only(backend)
+def test_put_skips_stored_keys_and_a_second_engine_reads_them(shared_backend: Backend) -> None:
+    backend = shared_backend
     a, b = backend.open(), backend.open()
     host = backend.host(16, seed=3)
     keys = backend.keys(4)
@@ -83,8 +78,8 @@ def test_get_stops_at_a_missing_page_and_counts_the_rest_as_misses(backend: Back
     assert (store.stats().hits, store.stats().misses) == (2, 4)
 
 
-def test_another_fingerprint_never_sees_the_pages(backend: Backend) -> None:
-    shared_only(backend)
+def test_another_fingerprint_never_sees_the_pages(shared_backend: Backend) -> None:
+    backend = shared_backend
     mine = backend.open()
     other = backend.open(ModelFingerprint("other-model", backend.spec.describe(), 0))
     host = backend.host(16)
@@ -127,10 +122,10 @@ def test_delete_and_forget_namespace_report_removals_in_order(backend: Backend) 
     assert store.stats().deleted == 4
 
 
-def test_a_forgotten_namespace_is_gone_for_every_engine(backend: Backend) -> None:
+def test_a_forgotten_namespace_is_gone_for_every_engine(shared_backend: Backend) -> None:
     """Engine B forgets a tenant; engine A, which wrote its pages, is never
     served them again, and the tenant's pages written afterwards are kept."""
-    shared_only(backend)
+    backend = shared_backend
     a, b = backend.open(), backend.open()
     host = backend.host(16, seed=6)
     keys, tokens = backend.keys(4), backend.tokens(4)

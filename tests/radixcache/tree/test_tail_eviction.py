@@ -62,8 +62,9 @@ def test_locked_head_is_kept_and_shared_pages_wait(tree: RadixTree) -> None:
 def test_a_leaf_with_a_host_copy_goes_whole() -> None:
     spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=P)
     pool = HostPool(spec, HostPoolConfig(pages=8, pin=False))
-    index = HostIndex(pool, NullRecorder(), P)
-    tree = RadixTree(P, make_eviction_policy("lru"), lower=index)
+    policy = make_eviction_policy("lru")
+    index = HostIndex(pool, NullRecorder(), P, policy)
+    tree = RadixTree(P, policy, lower=index)
     res = tree.insert(NS, seq(0, 4 * P), pages(1, 2, 3, 4))
     host = pool.allocate(4)
     assert host is not None
