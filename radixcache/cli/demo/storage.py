@@ -17,6 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixcache.cli.config_option import overlay
 from radixcache.cli.options import AUTO_POOL
 from radixcache.cli.parser import UsageError, describe
 from radixcache.offload import StorageConfig, ValkeyConfig, storage_config
@@ -57,6 +58,7 @@ class DemoStore:
 def _lmdb(args: argparse.Namespace, config: StorageConfig | None) -> StorageConfig:
     if config is None:  # --storage-path / --storage-mib
         config = StorageConfig(path=args.storage_path, capacity_bytes=args.storage_mib << 20)
+    config = overlay(config, args, "storage", skip=("url", "path"))  # --config's other keys
     # strict: a folder that cannot be used is the user's to fix, not a tier to disable
     return dataclasses.replace(config, on_open_error="strict")
 
@@ -83,7 +85,7 @@ def demo_store(args: argparse.Namespace) -> Iterator[DemoStore]:
     except (ValueError, TypeError) as err:  # checked by argparse already; a second guard
         raise UsageError(f"--storage: {err}") from None
     if isinstance(config, ValkeyConfig):
-        yield DemoStore(lmdb=None, pool=config)
+        yield DemoStore(lmdb=None, pool=overlay(config, args, "storage", skip=("url",)))
     else:
         assert config is not None
         yield DemoStore(lmdb=_lmdb(args, config), pool=None)
