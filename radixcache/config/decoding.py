@@ -206,5 +206,6 @@ def decode(cls: type[T], document: Mapping[str, Any], source: str = "config") ->
 def decode_over(base: T, document: Mapping[str, Any], source: str = "config") -> T:
     """``base`` (a config dataclass) with the keys ``document`` sets, decoded
     by type like ``decode``: keys left out keep ``base``'s values."""
-    decoded = convert(document, schema(type(base), partial=True), source)
-    return construct(lambda **kw: dataclasses.replace(base, **kw), values(type(base), decoded), source)  # type: ignore[misc]
+    kind: type = type(base)
+    changes = values(kind, convert(document, schema(kind, partial=True), source))
+    return construct(lambda **kw: dataclasses.replace(typing.cast(Any, base), **kw), changes, source)

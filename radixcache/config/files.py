@@ -15,6 +15,7 @@ import copy
 import importlib
 import json
 import os
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,10 +127,11 @@ def load(cls: type[T], path: str | os.PathLike[str], section: str | None = None,
         where = f"{where} [{section}]"
         if not isinstance(document, dict):
             raise ConfigError(f"{where}: must be a table of keys")
-    fields = values(cls, convert(document, schema(cls, partial=True), where))
+    kind = typing.cast(type, cls)
+    fields = values(kind, convert(document, schema(kind, partial=True), where))
     env, names = environment_document(section or "", environ)
     if names:  # text, decoded by each field's type
-        fields.update(values(cls, convert(env, schema(cls, partial=True),
+        fields.update(values(kind, convert(env, schema(kind, partial=True),
                                           f"environment ({', '.join(names)})", strict=False)))
-    require(cls, fields, where)
+    require(kind, fields, where)
     return construct(cls, fields, where)

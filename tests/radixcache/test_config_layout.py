@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 
 import radixcache
 from radixcache import CacheConfig, ConfigError, KVSpec, RadixCache, TierConfig, load_config
-from radixcache.config import CacheFile, decode, load
+from radixcache.config import CacheFile, decode, decode_over, load
 from radixcache.events import PublisherConfig
 from radixcache.offload import HostPoolConfig, StorageConfig, ValkeyConfig
 
@@ -137,6 +137,10 @@ def test_a_dtype_is_decoded_from_its_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"Expected a dtype name \(`str`\), got `int` - at "
                                           r"`\$.spec.dtype`"):
         load_config(path, environ={})
+    pool = decode_over(ValkeyConfig(port=7000), {"key_prefix": "p:", "ttl_s": None}, "f.json")
+    assert (pool.port, pool.key_prefix, pool.ttl_s) == (7000, b"p:", None)
+    with pytest.raises(ConfigError, match=r"f.json: Expected `int`, got `str` - at `\$.port`"):
+        decode_over(pool, {"port": "1"}, "f.json")
     with pytest.raises(ConfigError, match=r"Expected `str` \(text, UTF-8 encoded\), got `int` "
                                           r"- at `\$.key_prefix`"):
         decode(ValkeyConfig, {"key_prefix": 5})
