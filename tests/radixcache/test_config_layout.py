@@ -283,3 +283,11 @@ def test_any_file_text_parses_or_raises_config_error(text: str, suffix: str) -> 
             load_config(path, environ={})
         except ConfigError as err:
             assert str(err).startswith(os.fspath(path))
+
+
+def test_the_shipped_example_file_loads() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "radixcache.toml"
+    loaded = load_config(example, environ={})
+    assert loaded.cache.spec == KVSpec(8, 4, 64, dtype=torch.float16, page_size=16)
+    assert loaded.cache.tiers is not None and loaded.cache.tiers.host == HostPoolConfig(ratio=2.0)
+    assert loaded.events is not None and loaded.events.endpoint == "tcp://127.0.0.1:*"
