@@ -12,6 +12,11 @@ given on the command line::
 dropped; any other key is laid over the config the command builds (``overlay``),
 and a key with a converter also sets its flag's value, which the command reads
 (sizes, paths, endpoints). Mistakes are one line naming the file and the key.
+
+``replay`` models a cache rather than opening one: it takes the keys that
+have a flag of its own (page size, device pages, host size, policies, the
+LMDB path) and the KV bytes per token of ``[spec]``, and leaves the rest of
+the file (endpoints, secrets) alone; a misspelt key is an error all the same.
 """
 
 from __future__ import annotations
@@ -41,17 +46,27 @@ FLAGS: dict[tuple[str, str], tuple[tuple[str, ...], Callable[[Any], Any] | None]
     ("spec", "dtype"): (("kv_dtype",), lambda d: str(d).removeprefix("torch.")),
     ("cache", "device_pages"): (("device_pages",), _same),
     ("cache", "device"): (("device",), _same),
+    ("cache", "eviction_policy"): (("eviction_policy",), _same),
     ("host", "pages"): (HOST, _same),
     ("host", "ratio"): (("host_ratio", "host_pages", "host_gb"), _same),
     ("host", "nbytes"): (("host_gb", "host_pages", "host_ratio"), lambda n: n / GB),
     ("tiers", "write_policy"): (("write_policy",), _same),
     ("tiers", "prefetch_policy"): (("prefetch_policy",), _same),
+    ("tiers", "write_threshold"): (("write_threshold",), _same),
     ("storage", "url"): (("storage", "storage_path"), _same),
     ("storage", "path"): (("storage_path", "storage"), str),
     ("storage", "capacity_bytes"): (("storage_mib",), lambda n: max(1, -(-n // 2**20))),
     ("events", "endpoint"): (("events", "kv_events_config"), _same),
     ("events", "replay_endpoint"): (("events_replay",), lambda e: "none" if e is None else e),
 }
+
+
+def kv_bytes_per_token(spec: dict[str, Any]) -> int:
+    """K and V of every layer for one token, for the geometry of a ``[spec]`` table."""
+    import torch
+
+    itemsize = torch.empty((), dtype=spec.get("dtype", torch.float16)).element_size()
+    return 2 * spec["num_layers"] * spec["num_kv_heads"] * spec["head_dim"] * itemsize
 
 
 def add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -90,10 +105,14 @@ def apply_config(args: argparse.Namespace, given: set[str]) -> None:
             dests, convert = FLAGS.get((table, key), ((), None))
             if any(d in given for d in dests):
                 continue  # the flag wins
-            if convert is not None:
+            if convert is not None and hasattr(args, dests[0]):  # a flag of this command
                 setattr(args, dests[0], convert(value))
             fields.setdefault(table, {})[key] = value
     args.config_fields = fields
+    spec = sections.get("spec", {})
+    if (hasattr(args, "kv_bytes_per_token") and not {"kv_bytes_per_token", "model"} & given
+            and {"num_layers", "num_kv_heads", "head_dim"} <= set(spec)):
+        args.kv_bytes_per_token = kv_bytes_per_token(spec)
 
 
 def overlay(config: T, args: argparse.Namespace, table: str, skip: tuple[str, ...] = ()) -> T:

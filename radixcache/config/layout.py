@@ -32,7 +32,7 @@ import msgspec
 from radixcache.cache_config import CacheConfig
 from radixcache.config.decoding import (UNSET, ConfigError, construct, convert, init_fields,
                                         require, schema, values)
-from radixcache.config.files import environment_document, merge, read_document
+from radixcache.config.files import environment_document, read_document
 from radixcache.events import PublisherConfig
 from radixcache.offload import HostPoolConfig, StorageConfig, ValkeyConfig, storage_config
 from radixcache.tiers import TierConfig
@@ -79,7 +79,7 @@ def _sections(document: Mapping[str, Any], source: str, strict: bool) -> Section
         if table is UNSET:
             continue
         if name == "storage":  # fields of either backend: plain values, nothing nested
-            out[name] = {k: v for k, v in values(ValkeyConfig, _only(table, ValkeyConfig)).items()}
+            out[name] = values(ValkeyConfig, _only(table, ValkeyConfig))
             out[name].update(values(StorageConfig, _only(table, StorageConfig)))
             if table.url is not UNSET:
                 out[name]["url"] = table.url

@@ -14,7 +14,8 @@ import pytest
 from radixcache.cli import build_parser
 from radixcache.cli.config_option import apply_config, given_dests
 from radixcache.cli.parser import UsageError
-from tests.radixcache.cli.clikit import ROOT, assert_one_line_error, run_cli
+from radixcache.cli.replay.capacity import MODEL_PRESETS
+from tests.radixcache.cli.clikit import ROOT, TRACE, assert_one_line_error, run_cli
 
 SIZES = ["--device", "cpu", "--tenants", "2", "--chats", "3", "--turns", "2", "--system", "128",
          "--user", "32", "--decode", "2", "--restart-requests", "2"]
@@ -107,3 +108,19 @@ def test_mistakes_in_the_file_are_one_line_naming_the_file_and_key(tmp_path: Pat
             parsed(["demo", "--config", str(conf)])
         finally:
             del os.environ["RADIXCACHE__SPEC__DTYPE"]
+
+
+def test_replay_takes_the_keys_it_has_flags_for_and_the_kv_size(tmp_path: Path) -> None:
+    conf = str(config_file(tmp_path))
+    trace = str(TRACE)
+    args = parsed(["replay", trace, "--config", conf])
+    # 2 layers x 1 head x 8 dims x K and V x 2 bytes (bfloat16)
+    assert (args.device_pages, args.host_pages, args.write_policy, args.kv_bytes_per_token,
+            args.storage_path) == (40, 48, "write_back", 64, str(tmp_path / "store"))
+    args = parsed(["replay", trace, "--config", conf, "--model", sorted(MODEL_PRESETS)[0],
+                   "--write-policy", "write_through"])
+    assert (args.kv_bytes_per_token, args.write_policy) == (None, "write_through")
+    proc = run_cli("replay", trace, "--config", conf, "--page-size", "512", "--limit", "50",
+                   "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pages of 512 tokens: device 40, host 48" in proc.stdout, proc.stdout

@@ -86,6 +86,8 @@ RUNS: dict[str, Run] = {
     "radixcache demo": Run(_cli("radixcache demo"), "as written: the first command's run"),
     "radixcache -h": Run(_cli("radixcache -h"), "as written"),
     CONFIG_DEMO: Run(_cli(CONFIG_DEMO), "as written (examples/ from the repository root)"),
+    "radixcache replay TRACE --config FILE": Run(
+        None, "test_config_option.py runs it on the shipped trace with a config file"),
     "radixcache demo -h": Run(_cli("radixcache demo -h"), "as written"),
     **{c: Run(_cli(c), "as written") for c in SMALL_DEMOS},
     f"radixcache replay {TRACE} --device-pages 1024 --host-pages 4096": Run(
