@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from radixcache.cache import RadixCache
     from radixcache.cache_config import CacheConfig
+    from radixcache.config import ConfigError, load_config
     from radixcache.errors import CacheClosedError, OutOfPagesError, RequestStateError
     from radixcache.tree.policies import (
         EvictionPolicy,
@@ -42,6 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
 _LAZY: dict[str, str] = {
     "CacheConfig": "radixcache.cache_config",
     "RadixCache": "radixcache.cache",
+    "ConfigError": "radixcache.config",
+    "load_config": "radixcache.config",
     "CacheClosedError": "radixcache.errors",
     "OutOfPagesError": "radixcache.errors",
     "RequestStateError": "radixcache.errors",

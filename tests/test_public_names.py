@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PUBLIC: dict[str, list[str]] = {
     "radixcache": [
-        "CacheClosedError", "CacheConfig", "CacheStats", "DEFAULT_NAMESPACE", "DeviceKVBuffer", "EvictionPolicy",
+        "CacheClosedError", "CacheConfig", "CacheStats", "ConfigError", "DEFAULT_NAMESPACE", "DeviceKVBuffer", "EvictionPolicy",
         "InsertResult", "KVSpec", "MatchResult", "Namespace", "Node", "OutOfPagesError",
         "RadixCache", "RadixTree", "Request", "RequestStateError", "TierConfig",
-        "eviction_policy_names", "make_eviction_policy", "register_eviction_policy",
+        "eviction_policy_names", "load_config", "make_eviction_policy", "register_eviction_policy",
     ],
     "radixcache.tree": [
         "EvictResult", "EvictionPolicy", "InsertResult", "LowerTiers", "MatchResult",

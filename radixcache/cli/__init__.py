@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from radixcache.cli.parser import CliParser, interrupt_exits, run_guarded
+from radixcache.cli.config_option import apply_config, given_dests
+from radixcache.cli.parser import CliParser, UsageError, interrupt_exits, run_guarded
 
 # Modules with a ``register(subparsers)`` that adds one subcommand, in the
 # order ``radixcache -h`` lists them.
@@ -44,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             args, unknown = parser.parse_known_args(argv)
             if unknown:
                 args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+            if getattr(args, "config", None) is not None:  # the file under the flags given
+                given = given_dests(build_parser, sys.argv[1:] if argv is None else argv)
+                try:
+                    apply_config(args, given)
+                except UsageError as err:
+                    args.command_parser.error(str(err))
         except SystemExit as done:  # -h, or a usage error already reported on one line
             return done.code if isinstance(done.code, int) else 2
     return run_guarded(f"radixcache {args.command}", lambda: int(args.func(args)))

@@ -50,6 +50,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,8 @@ from radixcache.integrations.pagestore import (
     describe_path,
     is_pool_url,
 )
-from radixcache.config_file import decode
+from radixcache.config import ConfigError, decode
+from radixcache.integrations.config_files import store_options
 from radixcache.integrations.tenants import salt_of, tenant_namespace
 from radixcache.namespace import Namespace
 
@@ -82,7 +84,7 @@ SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface
 @dataclass(frozen=True, slots=True)
 class BackendOptions:
     """This backend's keys of ``--hicache-storage-backend-extra-config``,
-    decoded by type (``radixcache.config_file``: strict, unknown keys are
+    decoded by type (``radixcache.config``: strict, unknown keys are
     errors that name the key)."""
 
     path: str  # an LMDB directory (a tp<rank> folder per rank under it) or a pool URL
@@ -116,6 +118,13 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None):
         extra = {k: v for k, v in (storage_config.extra_config or {}).items()
                  if k not in SGLANG_KEYS}
+        config_file = extra.pop("config_file", None)
+        if config_file is not None:  # the store from a radixcache config file; extra keys win
+            if not isinstance(config_file, str):
+                raise ConfigError("--hicache-storage-backend-extra-config: Expected `str`, got "
+                                  f"`{type(config_file).__name__}` - at `$.config_file`")
+            keys = frozenset(f.name for f in dataclasses.fields(BackendOptions))
+            extra = {**store_options(config_file, keys), **extra}
         options = decode(BackendOptions, extra, "--hicache-storage-backend-extra-config")
         self.config = storage_config
         self.options = options

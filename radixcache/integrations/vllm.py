@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterable
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -68,7 +69,8 @@ from radixcache.integrations.pagestore import (
     RawPages,
     describe_path,
 )
-from radixcache.config_file import decode
+from radixcache.config import ConfigError, decode
+from radixcache.integrations.config_files import store_options
 from radixcache.integrations.tenants import salt_of, tenant_namespace
 from radixcache.namespace import Namespace
 
@@ -83,7 +85,7 @@ log = logging.getLogger(__name__)
 class TierOptions:
     """The keys of a tier entry this tier reads (besides vLLM's ``type``,
     ``module_path`` and ``backpressure``), decoded by type from the entry's
-    JSON values (``radixcache.config_file``): ``"capacity_bytes": "1e9"`` or
+    JSON values (``radixcache.config``): ``"capacity_bytes": "1e9"`` or
     ``"enable_kv_events": "yes"`` is refused with the key named."""
 
     path: str
@@ -161,30 +163,40 @@ class RadixcacheTier(SecondaryTierManager):
         offloading_spec: OffloadingSpec,
         primary_kv_view: memoryview,
         tier_type: str,
-        path: str,
-        capacity_bytes: int = 64 << 30,
-        durability: str = "safe",
-        num_readers: int = 2,
+        path: str | None = None,
+        capacity_bytes: int | None = None,
+        durability: str | None = None,
+        num_readers: int | None = None,
         model: str | None = None,
-        enable_kv_events: bool = False,
+        enable_kv_events: bool | None = None,
         locality: str | None = None,
+        config_file: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
     ) -> None:
         """``path``: the store directory or a pool URL; ``capacity_bytes``:
         its bound (least recently used pages are evicted, and reported
         removed); ``durability``, ``num_readers``: as ``PageStoreConfig``;
         ``model``: overrides the model name read from ``offloading_spec``;
+        ``config_file``: a radixcache config file whose ``[storage]`` table
+        gives the keys above the entry leaves out (integrations/config_files.py);
         ``enable_kv_events``: record store/remove events for ``take_events``
         (only while the engine publishes KV cache events, as vLLM's own
         tiers); ``locality``: ``"LOCAL"`` or ``"REMOTE"``, carried by the
         events (vLLM's ``Locality``); ``backpressure_detector``: built by
         vLLM's factory from the entry's ``backpressure``."""
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        options = decode(TierOptions, {
+        source = f"secondary tier {tier_type!r}"
+        given = {k: v for k, v in {
             "path": path, "capacity_bytes": capacity_bytes, "durability": durability,
             "num_readers": num_readers, "model": model, "enable_kv_events": enable_kv_events,
-            "locality": locality,
-        }, f"secondary tier {tier_type!r}")  # the JSON's types, strictly
+            "locality": locality}.items() if v is not None}  # None: left out of the entry
+        if config_file is not None:  # the store from a radixcache config file; entry keys win
+            if not isinstance(config_file, str):
+                raise ConfigError(f"{source}: Expected `str`, got "
+                                  f"`{type(config_file).__name__}` - at `$.config_file`")
+            keys = frozenset(f.name for f in dataclasses.fields(TierOptions))
+            given = {**store_options(config_file, keys), **given}
+        options = decode(TierOptions, given, source)  # the JSON's types, strictly
         self.locality = _locality(options.locality)
         chunk_bytes = self.block_size_bytes
         # a view of vLLM's primary region; dropped at shutdown, so that vLLM can

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.config_file import ConfigError, decode, load, schema, with_environment
+from radixcache.config import ConfigError, decode, load, schema, with_environment
 from radixcache.events import PublisherConfig
 from radixcache.integrations.pagestore import PageStoreConfig
 

@@ -38,6 +38,7 @@ from radixcache.cli.demo.report import store_size, summary
 from radixcache.cli.demo.runner import (Runner, build_cache, describe_workload, serve_chats,
                                         settle, workload)
 from radixcache.cli.demo.storage import DemoStore, demo_store
+from radixcache.cli.config_option import add_config_option, overlay
 from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options
 from radixcache.cli.kv_events_config import publisher_config
 from radixcache.cli.options import (AUTO_CLUSTER, AUTO_POOL, json_object, non_negative_int,
@@ -86,12 +87,14 @@ def make_publisher(args: argparse.Namespace) -> EventPublisher:
     replay = None if args.events_replay == "none" else args.events_replay
     try:
         if args.kv_events_config is not None:
-            base = PublisherConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint=replay)
+            base = overlay(PublisherConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint=replay),
+                           args, "events", skip=("endpoint", "replay_endpoint"))
             config = publisher_config(args.kv_events_config, base)
         elif args.events == "none":
             config = None
         else:
-            config = PublisherConfig(endpoint=args.events, replay_endpoint=replay)
+            config = overlay(PublisherConfig(endpoint=args.events, replay_endpoint=replay),
+                             args, "events")
         return NullEventPublisher() if config is None else ZmqEventPublisher(config)
     except (ValueError, OSError) as err:  # bad keys or values; endpoint in use or malformed
         raise UsageError(describe(err)) from None
@@ -116,8 +119,9 @@ def run(args: argparse.Namespace) -> int:
         print("CUDA is not available: running on the CPU")
         device = "cpu"
     try:
-        spec = KVSpec(num_layers=args.layers, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                      dtype=torch.float16, page_size=args.page_size)
+        spec = overlay(KVSpec(num_layers=args.layers, num_kv_heads=args.kv_heads,
+                              head_dim=args.head_dim, dtype=getattr(torch, args.kv_dtype),
+                              page_size=args.page_size), args, "spec")
     except ValueError as err:
         raise UsageError(describe(err)) from None
     longest = args.system + args.turns * (args.user + args.decode)  # a chat's last turn
@@ -246,6 +250,7 @@ def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="the offload demo (GPU when present, else CPU)",
                           description=__doc__)
     add = demo.add_argument
+    add_config_option(demo)
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
         help="torch device of the KV pool (cuda falls back to cpu when absent)")
     add("--device-pages", type=positive_int, default=384, help="device pool, pages")
@@ -291,6 +296,8 @@ def register(sub: Any) -> None:
     add("--kv-heads", type=positive_int, default=4, help="KV heads per layer")
     add("--head-dim", type=positive_int, default=64, help="head dimension")
     add("--page-size", type=power_of_two, default=16, help="tokens per page, a power of two")
+    add("--kv-dtype", choices=("float16", "bfloat16", "float32"), default="float16",
+        help="element type of K and V")
     add("--restart-requests", type=non_negative_int, default=12,
         help="first-turn prompts replayed after the restart")
     add("--seed", type=int, default=0, help="workload seed: the same seed gives the same "

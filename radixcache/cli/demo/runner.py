@@ -17,6 +17,7 @@ import torch
 from radixcache.cache import CacheConfig, RadixCache
 from radixcache.cli.demo.report import Totals, report_turn
 from radixcache.cli.demo.storage import DemoStore
+from radixcache.cli.config_option import overlay
 from radixcache.cli.hicache_options import host_pool_config
 from radixcache.cli.parser import UsageError, describe
 from radixcache.events.publisher import EventPublisher
@@ -123,15 +124,16 @@ def build_cache(args: argparse.Namespace, spec: KVSpec, device: str,
                 store: DemoStore) -> RadixCache:
     """The demo's cache; UsageError for a size or a storage folder it cannot use."""
     try:
-        tiers = TierConfig(
-            host=host_pool_config(args),
+        tiers = overlay(TierConfig(
+            host=overlay(host_pool_config(args), args, "host"),
             write_policy=args.write_policy,
             prefetch_policy=args.prefetch_policy,
             storage=store.config,
             model_id="radixcache-demo",
-        )
-        return RadixCache(CacheConfig(spec=spec, device_pages=args.device_pages, device=device,
-                                      tiers=tiers, record_events=True))
+        ), args, "tiers")
+        return RadixCache(overlay(CacheConfig(spec=spec, device_pages=args.device_pages,
+                                              device=device, tiers=tiers, record_events=True),
+                                  args, "cache", skip=("device",)))
     except (ValueError, OSError) as err:  # bad sizes; unwritable, read-only or locked folder
         raise UsageError(describe(err)) from None
     except ImportError as err:  # a pool without the client library

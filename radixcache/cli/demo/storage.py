@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
+from radixcache.cli.config_option import overlay
 from radixcache.cli.parser import UsageError, describe
 from radixcache.offload import StorageConfig, ValkeyConfig, storage_config
 from radixcache.offload.mooncake import MooncakeConfig
@@ -69,6 +70,7 @@ class DemoStore:
 def _lmdb(args: argparse.Namespace, config: StorageConfig | None) -> StorageConfig:
     if config is None:  # --storage-path / --storage-mib
         config = StorageConfig(path=args.storage_path, capacity_bytes=args.storage_mib << 20)
+    config = overlay(config, args, "storage", skip=("url", "path"))  # --config's other keys
     # strict: a folder that cannot be used is the user's to fix, not a tier to disable
     return dataclasses.replace(config, on_open_error="strict")
 
@@ -107,8 +109,10 @@ def demo_store(args: argparse.Namespace) -> Iterator[DemoStore]:
         config = storage_config(args.storage)
     except (ValueError, TypeError) as err:  # checked by argparse already; a second guard
         raise UsageError(f"--storage: {err}") from None
-    if isinstance(config, (ValkeyConfig, MooncakeConfig)):
-        yield DemoStore(lmdb=None, pool=config)
+    if isinstance(config, ValkeyConfig):
+        yield DemoStore(lmdb=None, pool=overlay(config, args, "storage", skip=("url",)))
+    elif isinstance(config, MooncakeConfig):
+        yield DemoStore(lmdb=None, pool=config)  # [storage] file keys are LMDB's or Valkey's
     else:
         assert config is not None
         yield DemoStore(lmdb=_lmdb(args, config), pool=None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from radixcache.cli.config_option import add_config_option
 from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options
 from radixcache.cli.options import fraction, non_negative_int, positive_int, power_of_two
 from radixcache.cli.replay.trace import BLOCK_SIZE
@@ -21,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "replay", help="replay a Mooncake trace through the cache (hit ratios per tier)",
         description=REPLAY_DOC,
     )
+    add_config_option(p)
     p.add_argument("trace", help="Mooncake JSONL trace (timestamp, input_length, "
                    "output_length, hash_ids per line)")
     p.add_argument("--page-size", type=power_of_two, default=512,

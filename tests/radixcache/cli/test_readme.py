@@ -62,6 +62,7 @@ def _cli(command: str, *extra: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "radixcache", *words[1:], *extra)
 
 
+CONFIG_DEMO = "radixcache demo --config examples/radixcache.toml --chats 2 --turns 2"
 SMALL_DEMOS = [
     "radixcache demo --fresh --chats 2 --turns 2 --seed 1",
     "radixcache demo --fresh --chats 2 --turns 2 --hicache-ratio 3 --hicache-write-policy write_back",
@@ -86,6 +87,9 @@ RUNS: dict[str, Run] = {
         None, ".ci/run runs these four steps (test_ci_runs_the_readme_test_command)"),
     "radixcache demo": Run(_cli("radixcache demo"), "as written: the first command's run"),
     "radixcache -h": Run(_cli("radixcache -h"), "as written"),
+    CONFIG_DEMO: Run(_cli(CONFIG_DEMO), "as written (examples/ from the repository root)"),
+    "radixcache replay TRACE --config FILE": Run(
+        None, "test_config_option.py runs it on the shipped trace with a config file"),
     "radixcache demo -h": Run(_cli("radixcache demo -h"), "as written"),
     **{c: Run(_cli(c), "as written") for c in SMALL_DEMOS},
     f"radixcache replay {TRACE} --device-pages 1024 --host-pages 4096": Run(

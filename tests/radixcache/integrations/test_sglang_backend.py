@@ -310,3 +310,43 @@ def test_the_extra_config_is_decoded_by_type_and_unknown_keys_are_named(tmp_path
         RadixcacheHiCacheStorage(storage_config(tmp_path, host, capacity_bytes="100GB"), {})
     with pytest.raises(ValueError, match="capacity_bytes must be positive, got 0"):
         RadixcacheHiCacheStorage(storage_config(tmp_path, host, capacity_bytes=0), {})
+
+
+def test_the_extra_config_names_a_radixcache_config_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``config_file``: the store from the file's [storage] (and [spec] dtype);
+    the extra config's own keys win; the environment overrides the file."""
+    host = mha_pools("page_first")[1]
+    conf = tmp_path / "radixcache.toml"
+    conf.write_text(f'[spec]\nnum_layers = 1\nnum_kv_heads = 1\nhead_dim = 8\ndtype = "float16"\n'
+                    f'[storage]\nurl = "{tmp_path / "from-file"}"\ncapacity_bytes = 4194304\n'
+                    f'durability = "fast"\n')
+    config = storage_config(tmp_path, host)
+    config.extra_config = {k: v for k, v in config.extra_config.items()
+                           if k not in ("path", "kv_dtype", "capacity_bytes")}
+    config.extra_config["config_file"] = str(conf)
+    store = RadixcacheHiCacheStorage(config, {})
+    assert (store.path, store.kv_dtype, store.capacity_bytes, store.durability) == (
+        str(tmp_path / "from-file" / "tp0"), "float16", 4194304, "fast")
+    config.extra_config["capacity_bytes"] = 1 << 23  # the extra config's key wins
+    monkeypatch.setenv("RADIXCACHE__STORAGE__URL", str(tmp_path / "from-env"))
+    store = RadixcacheHiCacheStorage(config, {})
+    assert (store.path, store.capacity_bytes) == (str(tmp_path / "from-env" / "tp0"), 1 << 23)
+    store.register_mem_pool_host(host)  # opens the store the file names
+    try:
+        fill(host, 3)
+        assert store.batch_set_v1(KEYS[:2], indices(0, 1)) == [True, True]
+        assert store.batch_exists(KEYS[:2]) == 2
+    finally:
+        store.close()
+    conf.write_text('[storage]\nurl = "/x"\nttl_s = 5\n')
+    with pytest.raises(ValueError, match=r"radixcache.toml: `ttl_s` is not a setting of an LMDB"):
+        RadixcacheHiCacheStorage(config, {})
+    conf.write_text('[storage]\nurl = "/x"\ndisk_reserve_ratio = 0.1\n')
+    with pytest.raises(ValueError, match=r"`disk_reserve_ratio` is not used by this engine's "
+                                         r"page store \(it takes capacity_bytes, durability, "
+                                         r"path, url\) - at `\$.storage`"):
+        RadixcacheHiCacheStorage(config, {})
+    config.extra_config["config_file"] = 5
+    with pytest.raises(ValueError, match=r"Expected `str`, got `int` - at `\$.config_file`"):
+        RadixcacheHiCacheStorage(config, {})

@@ -310,3 +310,31 @@ def test_a_tier_entry_is_decoded_by_type_and_unknown_keys_are_named(tmp_path: Pa
     with pytest.raises(TypeError, match="unexpected keyword argument 'capacity_gib'"):
         with stack(offloading_config([tier_entry(tmp_path / "s", capacity_gib=1)])):
             pass
+
+
+def test_a_tier_entry_names_a_radixcache_config_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``config_file`` in the entry: the store from the file's [storage]
+    (through vLLM's own factory); the entry's keys win over the file's."""
+    conf = tmp_path / "radixcache.yaml"
+    conf.write_text(f"storage:\n  path: {tmp_path / 'from-file'}\n  capacity_bytes: 4194304\n"
+                    f"  num_readers: 1\n")
+    entry = {"type": "RadixcacheTier", "module_path": "radixcache.integrations.vllm",
+             "config_file": str(conf), "durability": "fast"}
+    with stack(offloading_config([entry])) as s:
+        assert (str(s.tier.store.config.path), s.tier.store.config.capacity_bytes,
+                s.tier.store.config.durability, s.tier.store.config.num_readers) == (
+            str(tmp_path / "from-file"), 4194304, "fast", 1)
+        s.write(0, random_block(1))
+        s.tier.submit_store(job(1, [key(1)], [0]))
+        assert [r.success for r in s.drain()] == [True]
+    monkeypatch.setenv("RADIXCACHE__STORAGE__CAPACITY_BYTES", "8388608")
+    with stack(offloading_config([{**entry, "path": str(tmp_path / "entry")}])) as s:
+        assert (str(s.tier.store.config.path), s.tier.store.config.capacity_bytes) == (
+            str(tmp_path / "entry"), 8388608)  # the entry's path wins, the variable the file's
+        assert s.tier.lookup(key(1), ctx()) == LookupResult.MISS  # another store
+    conf.write_text("storage:\n  path: /x\n  capacity_byts: 5\n")
+    with pytest.raises(ValueError, match=r"radixcache.yaml: Object contains unknown field "
+                                         r"`capacity_byts` - at `\$.storage`"):
+        with stack(offloading_config([entry])):
+            pass
