@@ -2,8 +2,11 @@
 
 URL forms (``valkeys://`` and ``rediss://`` use TLS)::
 
-    valkey://[user[:password]@]host[:port][/db][?cluster=true]
+    valkey://[user[:password]@]host[:port][/db][?cluster=true][&key_file=PATH|&key_env=NAME]
     redis://...   rediss://...   valkeys://...
+
+``key_file`` / ``key_env`` seal the records with the master keys of a key
+file or an environment variable (encryption at rest, offload/storage/crypt/).
 
 A password may come in the URL or in ``password``; either way it is kept out
 of ``repr()``, ``describe()``, log lines and error messages (``describe()``
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from radixcache.offload.storage.checks import positive_float, positive_int
+from radixcache.offload.storage.crypt import KeySource
 
 SCHEMES = {"valkey": False, "redis": False, "valkeys": True, "rediss": True}  # -> TLS
 DEFAULT_PORT = 6379
@@ -51,6 +55,10 @@ class ValkeyConfig:
     batch_pages: int = 64  # pages per pipeline (bounds the bytes in flight per call)
     lookup_first_round: int = 64  # pages asked in a lookup's first round trip
     observe_removals: bool = True  # subscribe to keyspace events where the server sends them
+    # Encryption at rest: a file of master keys, or the name of an environment
+    # variable holding them (never the keys themselves); neither: in the clear.
+    key_file: str | None = None
+    key_env: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -75,6 +83,12 @@ class ValkeyConfig:
         positive_int("num_readers", self.num_readers)
         positive_int("batch_pages", self.batch_pages)
         positive_int("lookup_first_round", self.lookup_first_round)
+        KeySource(self.key_file, self.key_env)  # validates them
+
+    @property
+    def keys(self) -> KeySource:
+        """Where the pool's master keys come from (none: records in the clear)."""
+        return KeySource(self.key_file, self.key_env)
 
     @classmethod
     def from_url(cls, url: str, **overrides: object) -> ValkeyConfig:
@@ -106,8 +120,14 @@ class ValkeyConfig:
             "password": unquote(parts.password) if parts.password is not None else None,
         }
         for name, values in parse_qs(parts.query).items():
+            if name in ("key_file", "key_env"):
+                fields[name] = values[-1]
+                continue
             if name != "cluster":
-                raise ValueError(f"pool URL {shown!r}: unknown option {name!r} (known: cluster)")
+                raise ValueError(
+                    f"pool URL {shown!r}: unknown option {name!r} (known: cluster, key_file, "
+                    "key_env)"
+                )
             value = values[-1].lower()
             if value not in _TRUE | _FALSE:
                 raise ValueError(f"pool URL {shown!r}: cluster must be true or false, got {value!r}")

@@ -89,7 +89,7 @@ class ValkeyStorage(StorageBase):
     def __init__(self, config: ValkeyConfig, spec: KVSpec, fingerprint: ModelFingerprint) -> None:
         if not isinstance(config, ValkeyConfig):
             raise TypeError(f"config must be a ValkeyConfig, got {type(config).__name__}")
-        super().__init__(spec, fingerprint)
+        super().__init__(spec, fingerprint, config.keys)  # keys first: a bad key opens nothing
         self.config = config
         self._prefix = config.key_prefix + self._digest  # + page key = pool key
         self._link = PoolLink(config)

@@ -216,12 +216,13 @@ class PoolWriter(JobWriter):
         self, job: PutJob, start: int, count: int, host_bytes: npt.NDArray[np.uint8]
     ) -> list[Scattered]:
         """The records of pages ``start`` to ``start + count``, each as its head
-        plus the host page itself: the KV bytes are sent from the host page,
-        never copied (the caller leaves the page untouched until the ticket is done)."""
+        plus its body: in the clear the host page itself, so the KV bytes are
+        sent from the host page, never copied (the caller leaves the page
+        untouched until the ticket is done); sealed, its ciphertext."""
         values = []
         for i in range(start, start + count):
             kv = host_bytes[job.host_pages[i]]
-            values.append(Scattered(job.encode_head(i, self._seq, kv), kv.data))
+            values.append(Scattered(*job.encode_parts(i, self._seq, kv)))
             self._seq += 1
         return values
 
