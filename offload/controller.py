@@ -151,10 +151,14 @@ class OffloadController:
         namespace: bytes,
         owner: JobOwner,
         meta: PutMeta | None = None,
+        tenant: bytes | None = None,
     ) -> Job:
         """Write host pages to storage under ``keys`` (``meta``: their event
-        ids, parent and depth, recorded for the survivors announced at start)."""
-        ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace, meta)
+        ids, parent and depth, recorded for the survivors announced at start;
+        ``tenant``: whose key seals them where storage encrypts at rest)."""
+        ticket = self.storage.put(
+            keys, tokens, self.host.buffer, host_pages, namespace, meta, tenant=tenant
+        )
         return self._add(Job(JobKind.STORE, ticket, owner, host_pages, keys=keys))
 
     def fetch(
@@ -164,10 +168,14 @@ class OffloadController:
         host_pages: PageIds,
         namespace: bytes,
         owner: JobOwner,
+        tenant: bytes | None = None,
     ) -> Job:
-        """Read stored pages of ``namespace`` into (already allocated) host
-        pages; the result is how many leading pages arrived verified."""
-        ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages, namespace)
+        """Read stored pages of ``namespace`` (of ``tenant``: see ``store``)
+        into (already allocated) host pages; the result is how many leading
+        pages arrived verified."""
+        ticket = self.storage.get(
+            keys, tokens, self.host.buffer, host_pages, namespace, tenant=tenant
+        )
         return self._add(Job(JobKind.FETCH, ticket, owner, host_pages, keys=keys))
 
     def _add(self, job: Job) -> Job:
