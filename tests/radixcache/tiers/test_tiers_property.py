@@ -126,17 +126,19 @@ class ManualStorage:
         return ticket
 
     def get(self, keys: list[bytes], tokens: np.ndarray, host: object, host_pages: np.ndarray,
-            namespace: bytes | None = None) -> StorageTicket:
+            namespace: bytes | None = None, tenant: bytes | None = None) -> StorageTicket:
         def run(limit: int | None) -> object:
             n = len(keys) if limit is None else min(limit, len(keys))
-            return self.inner.get(keys[:n], tokens[:n], host, host_pages[:n], namespace)  # type: ignore[attr-defined]
+            return self.inner.get(keys[:n], tokens[:n], host, host_pages[:n], namespace,  # type: ignore[attr-defined]
+                                  tenant=tenant)
 
         return self._hold("get", run)
 
     def put(self, keys: list[bytes], tokens: np.ndarray, host: object, host_pages: np.ndarray,
-            namespace: bytes, meta: object = None) -> StorageTicket:
+            namespace: bytes, meta: object = None, tenant: bytes | None = None) -> StorageTicket:
         def run(limit: int | None) -> object:
-            return self.inner.put(keys, tokens, host, host_pages, namespace, meta)  # type: ignore[attr-defined]
+            return self.inner.put(keys, tokens, host, host_pages, namespace, meta,  # type: ignore[attr-defined]
+                                  tenant=tenant)
 
         return self._hold("put", run)
 
@@ -191,6 +193,7 @@ def kv_value(ns: int, incarnation: int, prefix: np.ndarray) -> float:
 
 class TieredMachine(RuleBasedStateMachine):
     requests = Bundle("requests")
+    sealed = False  # the store's records encrypted at rest (SealedTieredMachine)
 
     def __init__(self) -> None:
         super().__init__()
@@ -207,12 +210,17 @@ class TieredMachine(RuleBasedStateMachine):
     def _open(self) -> None:
         """A cache on the machine's store (a restart keeps the store)."""
         record = record_size(24, 0, P, SPEC.page_bytes)
+        keys = Path(self._dir.name) / "rx.key"
+        if self.sealed and not keys.exists():
+            keys.write_text(bytes(range(32)).hex() + "\n")
+            keys.chmod(0o600)
         tiers = TierConfig(
             host=HostPoolConfig(pages=8),
             write_policy="write_through",
             prefetch_policy="wait_complete",
             storage=StorageConfig(
-                path=Path(self._dir.name) / "s", capacity_bytes=6 * record, durability="fast"
+                path=Path(self._dir.name) / "s", capacity_bytes=6 * record, durability="fast",
+                key_file=str(keys) if self.sealed else None,
             ),
             model_id="property",
         )
@@ -433,3 +441,17 @@ TieredMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestTieredMachine = TieredMachine.TestCase
+
+
+class SealedTieredMachine(TieredMachine):
+    """The same machine on a store encrypted at rest (tenants' keys, sealed
+    records): the same invariants, the KV served checked the same way."""
+
+    sealed = True
+
+
+SealedTieredMachine.TestCase.settings = settings(
+    TieredMachine.TestCase.settings,
+    max_examples=int(os.environ.get("RADIXCACHE_TIER_EXAMPLES", 20_000 if LONG else 60)),
+)
+TestSealedTieredMachine = SealedTieredMachine.TestCase
