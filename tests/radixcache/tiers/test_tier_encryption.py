@@ -11,6 +11,7 @@ import numpy as np
 
 from radixcache import CacheConfig, Namespace, RadixCache
 from radixcache.events.types import BlockStored
+from radixcache.metrics import snapshot
 from radixcache.offload import HostPoolConfig, StorageConfig
 from radixcache.tiers import HostTiers, TierConfig
 from tests.radixcache.tiers.tierkit import SPEC, P, assert_kv_correct, compute, prefill
@@ -95,5 +96,6 @@ def test_the_wrong_key_is_recomputed_never_served(tmp_path: Path) -> None:
     st = other.tier_stats()
     assert st is not None and st.storage is not None
     assert st.storage.decrypt_failures == 1 and st.storage.hits == 0
+    assert snapshot(other)["storage_decrypt_failures"] == 1  # the Prometheus series
     other.check_integrity()
     other.close()
