@@ -241,3 +241,18 @@ def test_random_mutations_never_give_wrong_kv_or_raise(
     got = outcome(CODEC.framing(ALICE), bytes(value), parts)  # read() checks the KV when "read"
     if got == "read":
         assert tenant == ALICE and bytes(value) == original
+
+
+def test_a_body_still_held_is_never_reused_and_a_dropped_one_is() -> None:
+    alice = CODEC.framing(ALICE)
+    fields = dict(key=KEY, ns_tag=TAG, tokens=TOKENS, kv=KV, seq=7, info=INFO)
+    head1, body1 = alice.encode_parts(**fields)
+    first = head1 + bytes(body1)
+    head2, body2 = alice.encode_parts(**fields)  # body1 is still held: another buffer
+    assert isinstance(body1, memoryview) and isinstance(body2, memoryview)
+    assert body1.obj is not body2.obj
+    assert head1 + bytes(body1) == first and read(alice, first) and read(alice, head2 + bytes(body2))
+    held = id(body2.obj)
+    del body2
+    _head3, body3 = alice.encode_parts(**fields)
+    assert isinstance(body3, memoryview) and id(body3.obj) == held  # recycled once dropped
