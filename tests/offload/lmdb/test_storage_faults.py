@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +22,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from radixcache.offload.lmdb import space as lmdb_space, writer as lmdb_writer
-from radixcache.offload.storage import record as lmdb_record
-from radixcache.offload.lmdb.space import DISK_RESERVE_MAX_BYTES, DiskReserve, disk_room
 from radixcache.offload import (
     LmdbStorage,
     ModelFingerprint,
@@ -30,6 +29,10 @@ from radixcache.offload import (
     StorageError,
     StorageOpenError,
 )
+from radixcache.offload.lmdb import space as lmdb_space
+from radixcache.offload.lmdb import writer as lmdb_writer
+from radixcache.offload.lmdb.space import DISK_RESERVE_MAX_BYTES, DiskReserve, disk_room
+from radixcache.offload.storage import record as lmdb_record
 
 if TYPE_CHECKING:
     from tests.offload.conftest import StoreKit
@@ -211,16 +214,49 @@ def test_a_directory_below_a_file_is_a_clear_error(tmp_path: Path, kit: StoreKit
         LmdbStorage(StorageConfig(path=blocker / "store"), kit.spec, kit.fingerprint)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write to any directory")
+def _open_as_nobody(target: Path, kit: StoreKit) -> str:
+    """Root may write to any directory: the open runs in a forked child that
+    dropped to the unprivileged ``nobody`` user (65534); the child reports the
+    error's text (or ``"opened"``) through a pipe."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        text = "opened"
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            LmdbStorage(StorageConfig(path=target), kit.spec, kit.fingerprint).close()
+        except BaseException as err:  # noqa: BLE001 - reported to the parent
+            text = f"{type(err).__name__}: {err}"
+        os.write(write_end, text.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return text
+
+
 def test_a_read_only_directory_is_a_clear_error(tmp_path: Path, kit: StoreKit) -> None:
-    target = tmp_path / "ro"
-    target.mkdir()
-    target.chmod(0o500)
+    if os.geteuid() != 0:
+        target = tmp_path / "ro"
+        target.mkdir()
+        target.chmod(0o500)
+        try:
+            with pytest.raises(StorageOpenError, match=f"'{target}' is not writable"):
+                LmdbStorage(StorageConfig(path=target), kit.spec, kit.fingerprint)
+        finally:
+            target.chmod(0o700)
+        return
+    base = Path(tempfile.mkdtemp(prefix="radixcache-ro-"))  # reachable by nobody
     try:
-        with pytest.raises(StorageOpenError, match=f"'{target}' is not writable"):
-            LmdbStorage(StorageConfig(path=target), kit.spec, kit.fingerprint)
+        base.chmod(0o755)
+        target = base / "ro"
+        target.mkdir(mode=0o755)  # root's: nobody may read it, not write it
+        text = _open_as_nobody(target, kit)
+        assert text.startswith("StorageOpenError") and f"'{target}' is not writable" in text, text
     finally:
-        target.chmod(0o700)
+        shutil.rmtree(base)
 
 
 def test_a_store_is_owned_by_one_opener_at_a_time(kit: StoreKit) -> None:
@@ -248,8 +284,6 @@ class _FailingEnv:
 def test_writes_after_the_directory_was_removed_name_it(kit: StoreKit) -> None:
     """Issue 21 (5): after ``rm -rf`` of an open store, the write error said
     only ``FileNotFoundError(2, 'No such file or directory')``."""
-    import shutil
-
     store = kit.open()
     host = kit.host(4)
     assert kit.done(store.put(kit.keys(1), kit.tokens(1), host, kit.ids(0), b"ns")) == 1

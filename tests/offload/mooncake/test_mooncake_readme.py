@@ -24,8 +24,10 @@ def test_the_install_block_names_the_debian_package_and_the_extra() -> None:
     install = [body for lang, body in BLOCKS if lang == "bash"][0]
     assert "apt-get install -y --no-install-recommends libibverbs1" in install
     assert "pip install -e '.[mooncake]'" in install
+    extras = REPO.joinpath(".ci", "install-extras").read_text()
+    assert "libibverbs1" in extras and "'.[mooncake]'" in extras
     ci = REPO.joinpath(".ci", "run").read_text()
-    assert "libibverbs1" in ci and "mooncake" in ci and "RADIXCACHE_REQUIRE_MOONCAKE=1" in ci
+    assert "bash .ci/install-extras" in ci and "RADIXCACHE_REQUIRE_MOONCAKE=1" in ci
 
 
 def test_the_python_snippet_parses_every_url() -> None:

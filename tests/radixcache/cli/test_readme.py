@@ -83,8 +83,8 @@ ENGINE_SGLANG = next(  # the SGLang launch line of "Inside vLLM and SGLang"
 RUNS: dict[str, Run] = {
     "pip install torch==2.13.0 && pip install -e . && radixcache demo": Run(
         _cli("radixcache demo"), "the demo as written; the pip steps run in .ci/run"),
-    "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest tests": Run(
-        None, ".ci/run runs these three steps (test_ci_runs_the_readme_test_command)"),
+    "pip install torch==2.13.0 && pip install -e '.[test]' && bash .ci/install-extras && python -m pytest tests": Run(
+        None, ".ci/run runs these four steps (test_ci_runs_the_readme_test_command)"),
     "radixcache demo": Run(_cli("radixcache demo"), "as written: the first command's run"),
     "radixcache -h": Run(_cli("radixcache -h"), "as written"),
     "radixcache demo -h": Run(_cli("radixcache demo -h"), "as written"),
@@ -105,6 +105,8 @@ RUNS: dict[str, Run] = {
                                          "TRACE.jsonl: the shipped trace"),
     "radixcache bench NAME": Run(None, "NAME: each of tree, copy, storage and events below; "
                                  "pool: the Shared pool section runs it (bench pool --quick)"),
+    "radixcache bench pool": Run(None, "tests/offload/valkey/test_valkey_readme.py runs the "
+                                 "Shared pool section's bench pool --quick"),
     "radixcache bench tree --quick": Run(_cli("radixcache bench tree --quick"), "as written"),
     **{f"radixcache bench {name}": Run(_cli(f"radixcache bench {name} --quick"), "with --quick")
        for name in ("tree", "copy", "storage", "events")},
@@ -135,7 +137,7 @@ def test_the_list_is_the_readme() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     for step in ("pip install --quiet torch==2.13.0", "pip install --quiet -e '.[test]'",
-                 "python3 -m pytest tests\n"):
+                 "bash .ci/install-extras\n", "python3 -m pytest tests\n"):
         assert step in ci, step
 
 

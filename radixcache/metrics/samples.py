@@ -1,46 +1,10 @@
-"""Prometheus metrics for a cache (optional: ``pip install 'radixcache[metrics]'``).
+"""The figures behind the metrics: one ``Sample`` per series, collected from
+a cache (and its publisher) on the owner thread; ``snapshot()`` flattens them."""
 
-The owner thread calls ``update()`` (e.g. once per engine step); it copies
-``cache.stats()``, ``cache.tier_stats()`` and the publisher's stats into a
-snapshot. A scrape (on the HTTP server's thread) only reads the latest
-snapshot, so it never touches the cache, which belongs to the owner thread.
-
-    exporter = MetricsExporter(cache, publisher, namespace="radixcache")
-    exporter.serve(9400)            # http://127.0.0.1:9400/metrics
-    ... every step: exporter.update()
-
-Besides our page-level series, the names a vLLM or SGLang dashboard already
-queries (in tokens): ``prefix_cache_queries`` / ``prefix_cache_hits``
-(vLLM; our hits count every tier, the device alone is
-``cached_tokens{cache_source="device"}``, which is what vLLM's count means),
-``cached_tokens{cache_source=device|host|storage}`` (SGLang),
-``evicted_tokens{tier}``, ``loaded_back_tokens``, and ``_seconds``
-histograms of tier jobs: ``load_back_seconds`` (host to device),
-``storage_read_seconds``, ``storage_write_seconds``, ``backup_seconds``
-(device to host), each from a job's submission until the owner applied it.
-
-A hit-rate gauge per tier, as SGLang's ``sglang:cache_hit_rate``:
-``cache_hit_rate{tier=device|host|storage|all}``, prompt tokens found in the
-tier over prompt tokens looked up, since the cache was built (a window's
-rate is ``rate(cached_tokens)`` over ``rate(prefix_cache_queries)``). Bytes
-and seconds moved per direction under vLLM's ``kv_offload`` names (counters,
-seconds summed over the jobs from submission until applied):
-``kv_offload_store_bytes`` / ``kv_offload_store_time`` (device to host, vLLM's
-GPU -> CPU store), ``kv_offload_load_bytes`` / ``kv_offload_load_time`` (host
-to device), and ``kv_offload_tiering_write_bytes`` / ``_write_time`` /
-``_read_bytes`` / ``_read_time`` with ``tier="storage"`` (host to storage and
-back, vLLM's primary-to-secondary tier names).
-
-For those who do not run Prometheus, ``snapshot()`` returns the same figures
-as a flat dict (a histogram as its ``_count`` and ``_sum``).
-"""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from radixcache.cache import RadixCache
 from radixcache.events.publisher import EventPublisher
@@ -225,85 +189,3 @@ def snapshot(cache: RadixCache, publisher: EventPublisher | None = None) -> dict
         else:
             flat[f"{name}{suffix}"] = float(value)
     return flat
-
-
-class MetricsExporter:
-    """Serves the latest ``update()`` snapshot in the Prometheus text format."""
-
-    def __init__(
-        self,
-        cache: RadixCache,
-        publisher: EventPublisher | None = None,
-        namespace: str = "radixcache",
-    ) -> None:
-        try:
-            from prometheus_client import CollectorRegistry
-        except ImportError as err:  # pragma: no cover - depends on the install
-            raise ImportError(
-                "metrics need prometheus-client: pip install 'radixcache[metrics]'"
-            ) from err
-        self.cache = cache
-        self.publisher = publisher
-        self.namespace = namespace
-        self.registry = CollectorRegistry()
-        self._lock = threading.Lock()
-        self._samples: list[Sample] = []
-        self.registry.register(self)
-        self._server: Any = None
-        self.update()
-
-    def update(self) -> None:
-        """Take a fresh snapshot. Owner thread only."""
-        samples = collect(self.cache, self.publisher)
-        with self._lock:
-            self._samples = samples
-
-    def collect(self) -> Iterator[Any]:
-        """The prometheus-client collector hook (runs on the scraping thread)."""
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        with self._lock:
-            samples = list(self._samples)
-        families: dict[str, Any] = {}
-        helps = {name: text for name, _k, text, _l, _v in samples if text}
-        for name, kind, _help, labels, value in samples:
-            full = f"{self.namespace}_{name}"
-            family = families.get(full)
-            if family is None:
-                label_names = sorted(labels)
-                cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
-                       "histogram": HistogramMetricFamily}[kind]
-                family = families[full] = cls(full, helps.get(name, name), labels=label_names)
-            label_values = [labels[k] for k in sorted(labels)]
-            if isinstance(value, Histogram):
-                buckets = [("+Inf" if b == float("inf") else repr(b), float(n))
-                           for b, n in value.buckets]
-                family.add_metric(label_values, buckets, value.total)
-            else:
-                family.add_metric(label_values, float(value))
-        yield from families.values()
-
-    def render(self) -> bytes:
-        """The text exposition of the latest snapshot."""
-        from prometheus_client import generate_latest
-
-        return bytes(generate_latest(self.registry))
-
-    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Start the HTTP endpoint (loopback by default); returns the port."""
-        from prometheus_client import start_http_server
-
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        self._server = server
-        return int(server.server_port)
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
