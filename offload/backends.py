@@ -9,7 +9,9 @@ config; ``open_backend(target, spec, fingerprint)`` opens the backend::
 
     None                                  -> no storage tier (NullStorage)
     "lmdb:///var/cache/rx?capacity_gib=64" -> LmdbStorage (also a bare path: "./rx-data")
+    "lmdb:///var/cache/rx?key_file=/etc/rx/storage.key"  -> ... records sealed (encrypted)
     "valkey://10.0.0.5:6379/0"            -> ValkeyStorage on one server
+    "valkey://10.0.0.5:6379/0?key_env=RADIXCACHE_STORAGE_KEY" -> ... records sealed
     "valkeys://user@pool.internal:6380/0" -> ... over TLS (rediss:// too)
     "valkey://10.0.0.5:7000?cluster=true" -> ... on a Valkey cluster
     "mooncake://10.0.0.5:50051"           -> MooncakeStorage (a Mooncake Store master)
@@ -24,6 +26,10 @@ line is visible to every user of the machine, so a pool URL without a password
 takes it from the environment variable ``RADIXCACHE_VALKEY_PASSWORD`` when that
 is set. The config object keeps it out of its repr; error messages show the
 URL redacted.
+
+Encryption at rest (offload/storage/crypt/): ``key_file=PATH`` names a file of
+master keys, ``key_env=NAME`` an environment variable holding them; a URL
+never carries a key itself.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from radixcache.transfer.layout import KVSpec
 PASSWORD_ENV = "RADIXCACHE_VALKEY_PASSWORD"
 StorageTarget = str | os.PathLike[str] | StorageConfig | ValkeyConfig | MooncakeConfig | None
 BackendConfig = StorageConfig | ValkeyConfig | MooncakeConfig
-_LMDB_OPTIONS = ("capacity_gib", "durability", "num_readers")
+_LMDB_OPTIONS = ("capacity_gib", "durability", "num_readers", "key_file", "key_env")
 
 
 def storage_config(target: StorageTarget) -> BackendConfig | None:
@@ -101,6 +107,8 @@ def _lmdb_config(url: str) -> StorageConfig:
             if not value.isdigit():
                 raise ValueError(f"storage URL {url!r}: num_readers must be a positive int")
             fields["num_readers"] = int(value)
+        elif name in ("key_file", "key_env"):
+            fields[name] = value
         else:
             raise ValueError(f"storage URL {url!r}: unknown option {name!r} (known: {_LMDB_OPTIONS})")
     return StorageConfig(**fields)  # type: ignore[arg-type]

@@ -167,11 +167,15 @@ class OffloadController:
         namespace: bytes,
         owner: JobOwner,
         meta: PutMeta | None = None,
+        tenant: bytes | None = None,
     ) -> Job:
         """Write host pages to storage under ``keys`` (``meta``: their event
-        ids, parent and depth, recorded for the survivors announced at start)."""
+        ids, parent and depth, recorded for the survivors announced at start;
+        ``tenant``: whose key seals them where storage encrypts at rest)."""
         try:
-            ticket: Ticket = self.storage.put(keys, tokens, self.host.buffer, host_pages, namespace, meta)
+            ticket: Ticket = self.storage.put(
+                keys, tokens, self.host.buffer, host_pages, namespace, meta, tenant=tenant
+            )
         except Exception as exc:
             ticket = FutureTicket.failed(exc)
         return self._add(Job(JobKind.STORE, ticket, owner, host_pages, keys=keys))
@@ -183,11 +187,15 @@ class OffloadController:
         host_pages: PageIds,
         namespace: bytes,
         owner: JobOwner,
+        tenant: bytes | None = None,
     ) -> Job:
-        """Read stored pages of ``namespace`` into (already allocated) host
-        pages; the result is how many leading pages arrived verified."""
+        """Read stored pages of ``namespace`` (of ``tenant``: see ``store``)
+        into (already allocated) host pages; the result is how many leading
+        pages arrived verified."""
         try:
-            ticket: Ticket = self.storage.get(keys, tokens, self.host.buffer, host_pages, namespace)
+            ticket: Ticket = self.storage.get(
+                keys, tokens, self.host.buffer, host_pages, namespace, tenant=tenant
+            )
         except Exception as exc:
             ticket = FutureTicket.failed(exc)
         return self._add(Job(JobKind.FETCH, ticket, owner, host_pages, keys=keys))

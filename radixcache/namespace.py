@@ -157,6 +157,15 @@ class Namespace:
         parts.extend(_encode_part(b"x", key) for key in self.extra_keys)
         return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
 
+    @property
+    def tenant(self) -> bytes | None:
+        """The tenant this namespace belongs to, as storage takes it (the key
+        its pages are sealed with where storage encrypts at rest): its salt,
+        type-tagged (a str and a bytes salt of the same bytes are two
+        tenants); None for the default tenant (no salt). LoRA and extra keys
+        do not change the tenant."""
+        return None if self.salt is None else _encode_part(b"s", self.salt)
+
     def wire_salt(self) -> str | None:
         """The salt as events carry it (``cache_salt`` is a string on the
         wire): a str salt as it is, a bytes salt as ``"hex:"`` + its hex."""

@@ -12,6 +12,10 @@ Durability (``StorageConfig.durability``), from LMDB's documented flags:
   documents that a system crash can then corrupt the store unless the file
   system preserves write order.
 
+Encryption at rest (offload/storage/crypt/): ``key_file`` (a file of master
+keys) or ``key_env`` (the name of an environment variable holding them);
+neither: records in the clear.
+
 This module imports no LMDB: ``storage_config`` builds a config without it.
 """
 
@@ -21,6 +25,7 @@ import os
 from dataclasses import dataclass
 
 from radixcache.offload.storage.checks import positive_int
+from radixcache.offload.storage.crypt import KeySource
 
 DURABILITY_MODES = ("safe", "fast")
 OPEN_ERROR_MODES = ("recover", "strict")  # see offload/lmdb/opening.py
@@ -46,6 +51,10 @@ class StorageConfig:
     # of bytes, or None for disk_reserve_ratio of the file system, at most 64 MiB.
     disk_reserve_bytes: int | None = None
     disk_reserve_ratio: float = 0.01
+    # Encryption at rest: a file of master keys, or the name of an environment
+    # variable holding them (never the keys themselves); neither: in the clear.
+    key_file: str | None = None
+    key_env: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
@@ -79,6 +88,12 @@ class StorageConfig:
             raise ValueError(
                 f"disk_reserve_ratio must lie in [0, 0.5), got {self.disk_reserve_ratio!r}"
             )
+        KeySource(self.key_file, self.key_env)  # validates them
+
+    @property
+    def keys(self) -> KeySource:
+        """Where the store's master keys come from (none: records in the clear)."""
+        return KeySource(self.key_file, self.key_env)
 
     @property
     def map_size(self) -> int:

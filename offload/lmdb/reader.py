@@ -8,6 +8,9 @@
                     no bytes object), then checksums the copy
                   _served: the hits are touched in the recency index
 
+A record that cannot be authenticated (encryption at rest) is deleted like
+a corrupt one: the store is this engine's alone (``delete_unreadable``).
+
 The read transaction and the ``MapGate`` are held exactly while the base
 uses the values: the generator is closed at the first miss or failed check,
 so the writer never replaces the memory map under a page being copied. An
@@ -27,6 +30,8 @@ from radixcache.offload.storage import JobWriter, PageReader, ReadJob, StoredVal
 
 class LmdbReader(PageReader):
     """Serves ``get`` on ``num_readers`` threads, from one environment."""
+
+    delete_unreadable = True  # one process owns the store: nobody else's records
 
     def __init__(self, store: LmdbEnv, writer: JobWriter, *, num_readers: int) -> None:
         super().__init__(writer, num_readers=num_readers, thread_name="radixcache-lmdb-read")

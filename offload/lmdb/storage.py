@@ -82,7 +82,7 @@ class LmdbStorage(StorageBase):
     medium: Medium = DISK  # this engine's own store: it announces what it stores and reads
 
     def __init__(self, config: StorageConfig, spec: KVSpec, fingerprint: ModelFingerprint) -> None:
-        super().__init__(spec, fingerprint)
+        super().__init__(spec, fingerprint, config.keys)  # keys first: a bad key opens nothing
         self.config = config
         store = LmdbEnv(config, fingerprint)  # the directory, locked; raises StorageOpenError
         self._store = store
@@ -126,21 +126,22 @@ class LmdbStorage(StorageBase):
             for key, value in cursor:
                 if bytes(key[:cut]) != self._prefix:
                     return
-                meta = rec.read_meta(value)
+                meta = self.codec.read_meta(value)
                 if meta is not None and meta.key == bytes(key):
                     yield dataclasses.replace(meta, key=meta.key[cut:])
 
     def read_tokens(self, keys: Sequence[bytes]) -> list[np.ndarray | None]:
-        """The token ids stored with each page key (None: not stored, raw or
-        not a v2 record); for events about survivors. Owner thread."""
+        """The token ids stored with each page key (None: not stored, raw, not
+        a record, or one this store cannot read); for events about survivors.
+        Owner thread."""
         self._check_open()
         out: list[np.ndarray | None] = []
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
             for full in self.record_keys(keys):
                 value = txn.get(full)
-                meta = None if value is None else rec.read_meta(value)
+                meta = None if value is None else self.codec.read_meta(value)
                 ok = meta is not None and meta.key == full and not meta.raw
-                out.append(rec.read_tokens(value) if ok and value is not None else None)
+                out.append(self.codec.read_tokens(value) if ok and value is not None else None)
         return out
 
     def _sizes(self) -> StoreSizes:

@@ -25,6 +25,13 @@ a holder too, e.g. for a single-machine trial.
 ``tenant`` is Mooncake's own ``tenant_id``, which isolates keys only on a
 master started with ``--enable_multi_tenants``; radixcache's namespaces are
 kept apart with or without it (their keys and records differ).
+
+Encryption at rest (``key_file`` / ``key_env``, which LMDB and a Valkey pool
+take) is refused here: the reader sizes each record's head from the layout
+of a record in the clear and receives the rest straight into the host page,
+so sealed records would need a transport of their own. A configuration (or
+URL) that names either raises ValueError naming both settings, so an engine
+asked to encrypt never writes a Mooncake pool in the clear.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from radixcache.offload.storage.crypt import NO_KEYS, KeySource
 
 SCHEME = "mooncake"
 DEFAULT_PORT = 50051  # mooncake_master's RPC port
@@ -49,6 +58,8 @@ _URL_OPTIONS = {
     "segment_mib": "segment_mib",
     "replicas": "replicas",
     "tenant": "tenant",
+    "key_file": "key_file",  # refused (see the module docstring), named for a clear error
+    "key_env": "key_env",
 }
 _INT_OPTIONS = {"segment_mib", "replicas"}
 
@@ -78,6 +89,11 @@ class MooncakeConfig:
     retry_after_s: float = 1.0  # after a failure, calls answer "unavailable" this long
     setup_retries: int = 1  # Mooncake's own setup retries (each ~4.5 s against a dead master)
     log_level: str = "ERROR"  # the client library's log level (MC_LOG_LEVEL)
+    # Encryption at rest is not supported on this backend: either set raises
+    # ValueError (see the module docstring); kept so that every backend config
+    # takes the same key settings.
+    key_file: str | None = None
+    key_env: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -112,6 +128,16 @@ class MooncakeConfig:
         positive_int("setup_retries", self.setup_retries)
         if self.log_level not in ("INFO", "WARNING", "ERROR"):
             raise ValueError(f"log_level must be INFO, WARNING or ERROR, got {self.log_level!r}")
+        if self.key_file is not None or self.key_env is not None:
+            raise ValueError(
+                "key_file / key_env (encryption at rest) are not supported on a Mooncake pool: "
+                "seal records on LMDB or a Valkey pool, or use this pool in the clear"
+            )
+
+    @property
+    def keys(self) -> KeySource:
+        """Where the pool's master keys come from: none (records in the clear)."""
+        return NO_KEYS
 
     @classmethod
     def from_url(cls, url: str, **overrides: object) -> MooncakeConfig:

@@ -12,6 +12,9 @@
     reader.py       ``PageReader``: fetch (the backend's), verify, copy, count
     writer.py       ``JobWriter``: the writer thread and its contract
     removals.py     removal accounting: the order removals are published in
+    crypt/          encryption at rest: how records are framed and verified
+                    (in the clear, or sealed with AES-256-GCM under master
+                    keys and per-tenant keys); jobs carry their tenant's framing
 
 A backend (``radixcache.offload.lmdb``, ``radixcache.offload.valkey``)
 supplies its transport and little else; ``contract.py`` says what exactly.

@@ -27,6 +27,14 @@ What a backend supplies (its transport): in ``__init__``, after
 ``super().__init__``, its ``_reader``, ``_writer`` and ``_removals``; then
 ``longest_prefix``, ``scan``, ``_sizes`` (for ``stats``), ``_release`` and
 ``where`` (how messages name the store).
+
+Encryption at rest (offload/storage/crypt/): a backend passes its config's
+key settings (``KeySource``) to ``super().__init__``, which loads the keys
+and opens the store's ``RecordCodec``; ``get`` and ``put`` hand each job the
+framing of its tenant (``tenant``: the namespace's cache salt, None for the
+default tenant). Records are framed and verified through the job's framing,
+so a backend reads and writes sealed records without knowing it; ``scan``
+reads headers through ``self.codec`` (``read_meta``, ``read_tokens``).
 """
 
 from __future__ import annotations
@@ -39,7 +47,12 @@ from typing import TypeVar
 
 from radixcache.events.types import Medium
 from radixcache.offload.storage import record
-from radixcache.offload.storage.checks import check_namespace, check_pages, record_keys
+from radixcache.offload.storage.checks import (
+    check_namespace,
+    check_pages,
+    check_tenant,
+    record_keys,
+)
 from radixcache.offload.storage.contract import (
     HostPages,
     ModelFingerprint,
@@ -47,6 +60,7 @@ from radixcache.offload.storage.contract import (
     PutMeta,
     TokenPages,
 )
+from radixcache.offload.storage.crypt import NO_KEYS, KeySource, RecordCodec, open_codec
 from radixcache.offload.storage.jobs import DeleteJob, ForgetJob, PutJob, ReadJob
 from radixcache.offload.storage.reader import PageReader
 from radixcache.offload.storage.record import RecordMeta
@@ -81,7 +95,12 @@ class StorageBase:
     _writer: JobWriter  # set by the backend
     _removals: RemovalLog  # set by the backend
 
-    def __init__(self, spec: KVSpec, fingerprint: ModelFingerprint) -> None:
+    def __init__(
+        self, spec: KVSpec, fingerprint: ModelFingerprint, keys: KeySource = NO_KEYS
+    ) -> None:
+        """``keys``: where the master keys come from (none: records in the
+        clear). Raises ``KeyLoadError`` (a ValueError) when they cannot be
+        loaded: a store asked to encrypt never runs without its keys."""
         if fingerprint.spec != spec.describe():
             raise ValueError(
                 f"fingerprint spec {fingerprint.spec!r} does not describe the KV spec "
@@ -90,6 +109,7 @@ class StorageBase:
         self.spec = spec
         self.fingerprint = fingerprint
         self._digest = fingerprint.digest()  # record-key prefix (invariant 8)
+        self.codec: RecordCodec = open_codec(keys, fingerprint)  # clear or sealed records
         self._counters = Counters()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -141,15 +161,17 @@ class StorageBase:
         host: PageBuffer,
         host_pages: HostPages,
         namespace: bytes | None = None,
+        tenant: bytes | None = None,
     ) -> Ticket:
         self._check_open()
         rkeys, toks, pages = self._checked(keys, tokens, host, host_pages)
         tag = None if namespace is None else self._tag(namespace)
+        framing = self.codec.framing(check_tenant(tenant))
         ticket = FutureTicket()
         if not rkeys:
             ticket.finish(0)
             return ticket
-        self._reader.submit(ReadJob(rkeys, toks, host, pages, tag, ticket))
+        self._reader.submit(ReadJob(rkeys, toks, host, pages, tag, ticket, framing=framing))
         return ticket
 
     def put(
@@ -160,17 +182,19 @@ class StorageBase:
         host_pages: HostPages,
         namespace: bytes,
         meta: PutMeta | None = None,
+        tenant: bytes | None = None,
     ) -> Ticket:
         self._check_open()
         tag = self._tag(namespace)
         rkeys, toks, pages = self._checked(keys, tokens, host, host_pages)
         if meta is not None and len(meta.block_ids) != len(rkeys):
             raise ValueError(f"meta has {len(meta.block_ids)} block ids for {len(rkeys)} keys")
+        framing = self.codec.framing(check_tenant(tenant))
         ticket = FutureTicket()
         if not rkeys:
             ticket.finish(0)
             return ticket
-        self._writer.submit(PutJob(rkeys, toks, host, pages, tag, ticket, meta))
+        self._writer.submit(PutJob(rkeys, toks, host, pages, tag, ticket, meta, framing=framing))
         return ticket
 
     def delete(self, keys: Sequence[bytes]) -> Ticket:

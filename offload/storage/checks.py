@@ -59,6 +59,14 @@ def check_namespace(namespace: object) -> bytes:
     return namespace
 
 
+def check_tenant(tenant: object) -> bytes | None:
+    """``tenant`` if it is bytes (a namespace's cache salt, encoded) or None
+    (the default tenant); else TypeError. Never shown in a message."""
+    if tenant is not None and not isinstance(tenant, bytes):
+        raise TypeError(f"tenant must be bytes or None, got {type(tenant).__name__}")
+    return tenant
+
+
 def check_pages(
     n: int,
     tokens: TokenPages | None,

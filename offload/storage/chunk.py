@@ -19,8 +19,11 @@ length that does not add up makes the value unreadable past that point,
 and every record is checked against the key, tokens and checksum the
 reader expects, so a forged or damaged frame can only cost hits.
 
-A per-record transform (e.g. encryption at rest) applies to each record;
-the framing stays outside it.
+A per-record transform (encryption at rest, offload/storage/crypt/) applies
+to each record: every record of a chunk is sealed and verified on its own,
+and the framing stays outside it. A sealed record is cut the same way: its
+"head" is everything before its last KV-size bytes (``record_span``), as
+``Framing.verify_parts`` takes it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import struct
 
 from radixcache.offload.storage import record
+from radixcache.offload.storage.crypt.codec import SEAL_BYTES
 
 CHUNK_MAGIC = b"RXCK"
 CHUNK_VERSION = 1
@@ -63,10 +67,13 @@ def record_span(header: bytes | memoryview) -> tuple[int, int] | None:
     if len(header) < record.HEADER.size:
         return None
     fields = record.HEADER.unpack_from(header, 0)
-    magic, version, _flags, _crc, count, kv_bytes, *_rest, klen, ilen = fields
+    magic, version, flags, _crc, count, kv_bytes, *_rest, klen, ilen = fields
     if magic != record.MAGIC or version not in (record.VERSION, record.VERSION_CRC32):
         return None
-    return record.head_size(klen, ilen, count), int(kv_bytes)
+    head = record.head_size(klen, ilen, count)
+    if flags & record.FLAG_SEALED:  # sealed at rest: its last KV-size bytes end in its tag
+        head += SEAL_BYTES
+    return head, int(kv_bytes)
 
 
 def split_value(value: bytes | memoryview) -> list[memoryview]:

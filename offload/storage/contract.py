@@ -46,7 +46,8 @@ the bytes live:
 
 The base does the rest, the same way for every backend: validating calls,
 record keys and namespace tags, record framing and verification
-(``record``), copying verified pages into the destination pages, counting,
+(``record``; sealed with the tenant's key where the store encrypts at rest:
+``crypt``), copying verified pages into the destination pages, counting,
 deleting records that fail verification, the writer thread, and removal
 accounting (``removals``).
 """
@@ -182,6 +183,7 @@ class Storage(Protocol):
         host: PageBuffer,
         host_pages: HostPages,
         namespace: bytes | None = None,
+        tenant: bytes | None = None,
     ) -> Ticket:
         """Read the pages of ``keys`` into ``host`` pages ``host_pages``.
 
@@ -191,6 +193,12 @@ class Storage(Protocol):
         given, holds ``tokens[i]``, and the checksum of its bytes matches); a
         page that fails is a miss, its record is deleted and counted as
         corrupt. Reading stops at the first miss.
+
+        ``tenant`` (the namespace's cache salt, encoded; None: the default
+        tenant) picks the key of a store that encrypts at rest
+        (offload/storage/crypt): a record that cannot be authenticated with
+        it (another tenant's, tampered, another key's) is a miss counted as
+        ``decrypt_failures``, never an error. A store in the clear ignores it.
 
         The ticket's result is the number ``n`` of LEADING pages read and
         verified: host pages ``host_pages[:n]`` hold them bit-exactly; the
@@ -208,12 +216,15 @@ class Storage(Protocol):
         host_pages: HostPages,
         namespace: bytes,
         meta: PutMeta | None = None,
+        tenant: bytes | None = None,
     ) -> Ticket:
         """Write the host pages ``host_pages`` as the pages of ``keys``.
 
         ``tokens`` None writes raw pages. ``namespace`` tags the records for
         ``forget_namespace`` (and is checked by ``get``); ``meta`` records
-        the pages' event ids, parents and depths for ``scan``. A key that
+        the pages' event ids, parents and depths for ``scan``; ``tenant``
+        (as in ``get``) picks the key their KV bytes are sealed with where
+        the store encrypts at rest. A key that
         is already stored is left as it is (not rewritten). The writer reads
         the host pages later, on its own thread: the caller must leave them
         untouched until the ticket is done.
@@ -280,6 +291,7 @@ class NullStorage:
         host: PageBuffer,
         host_pages: HostPages,
         namespace: bytes | None = None,
+        tenant: bytes | None = None,
     ) -> Ticket:
         return FutureTicket.completed(0)
 
@@ -291,6 +303,7 @@ class NullStorage:
         host_pages: HostPages,
         namespace: bytes,
         meta: PutMeta | None = None,
+        tenant: bytes | None = None,
     ) -> Ticket:
         return FutureTicket.completed(0)
 

@@ -8,10 +8,12 @@ record is written under and verified against (``record.FINGERPRINT_BYTES``
 + page key). A backend derives its own keys from them (LMDB uses them as
 they are; a pool puts its key prefix before them).
 
-``PutJob`` also frames its pages' records (``record.encode_into`` for a
-whole record in a buffer, ``encode_head`` for the head alone, sent before
-the host page itself), so every backend writes the same bytes with the same
-event ids, parents and depths.
+``PutJob`` also frames its pages' records (``encode_into`` for a whole
+record in a buffer, ``encode_parts`` for a head and a body sent without
+joining them), so every backend writes the same bytes with the same event
+ids, parents and depths. Both jobs carry the ``Framing`` their records are
+framed and verified with (offload/storage/crypt/codec.py: in the clear, or
+sealed with the key of the job's tenant); a backend never sees a key.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy.typing as npt
 
 from radixcache.offload.storage import record
 from radixcache.offload.storage.contract import HostPages, PageBuffer, PutMeta, TokenPages
+from radixcache.offload.storage.crypt.codec import PLAIN, Body, Framing
 from radixcache.transfer.ticket import FutureTicket
 
 
@@ -42,6 +45,7 @@ class ReadJob:
     host_pages: HostPages  # [n] host page ids to fill, a private copy
     ns_tag: bytes | None  # the namespace tag records must carry; None: any
     ticket: FutureTicket  # finished with the leading pages served
+    framing: Framing = PLAIN  # verifies the records (clear, or sealed: the tenant's key)
     note: Any = None  # the backend's own bookkeeping of this read (e.g. which value held a page)
 
     def token_row(self, i: int) -> npt.NDArray[np.int32] | None:
@@ -61,6 +65,7 @@ class PutJob:
     ticket: FutureTicket  # finished with the leading keys stored
     meta: PutMeta | None = None  # event ids, parent, depth, info
     result: int = 0  # leading keys stored so far (a backend's bookkeeping)
+    framing: Framing = PLAIN  # frames the records (clear, or sealed: the tenant's key)
 
     def page_keys(self) -> list[bytes]:
         """The page keys of the job, in order."""
@@ -70,21 +75,27 @@ class PutJob:
         """Size of the record of page ``i``."""
         t = 0 if self.tokens is None else int(self.tokens.shape[1])
         info = 0 if self.meta is None else len(self.meta.info)
-        return record.record_size(len(self.keys[i]), info, t, self.host.page_bytes)
+        return self.framing.record_size(len(self.keys[i]), info, t, self.host.page_bytes)
 
     def encode_into(self, out: bytearray, i: int, seq: int, kv: npt.NDArray[np.uint8]) -> None:
         """Write the whole record of page ``i`` (KV bytes ``kv``, write
         sequence number ``seq``) into ``out`` (exactly ``record_bytes(i)``)."""
-        record.encode_into(out, **self._fields(i, seq, kv))
+        self.framing.encode_into(out, **self._fields(i, seq, kv))
+
+    def encode_parts(self, i: int, seq: int, kv: npt.NDArray[np.uint8]) -> tuple[bytes, Body]:
+        """Page ``i``'s record as (head, body), the record being the two
+        joined: in the clear the body is ``kv`` itself (not copied: the caller
+        keeps the page untouched until it is sent); sealed, its ciphertext."""
+        return self.framing.encode_parts(**self._fields(i, seq, kv))
 
     def encode_head(self, i: int, seq: int, kv: npt.NDArray[np.uint8]) -> bytes:
-        """The head of page ``i``'s record: the record is this head followed by
-        ``kv``, byte for byte (``kv`` is read for the checksum only)."""
-        info = b"" if self.meta is None else self.meta.info
-        t = 0 if self.tokens is None else int(self.tokens.shape[1])
-        head = bytearray(record.head_size(len(self.keys[i]), len(info), t))
-        record.encode_head(head, **self._fields(i, seq, kv))
-        return bytes(head)
+        """The head of page ``i``'s record in the clear: the record is this
+        head followed by ``kv``, byte for byte. Sealed records are framed
+        with ``encode_parts`` (their body is not ``kv``)."""
+        head, _body = self.encode_parts(i, seq, kv)
+        if self.framing.sealed:
+            raise RuntimeError("a sealed record's body is its ciphertext: use encode_parts")
+        return head
 
     def _fields(self, i: int, seq: int, kv: npt.NDArray[np.uint8]) -> dict[str, Any]:
         """The record fields of page ``i``: its key, tags and tokens, and the

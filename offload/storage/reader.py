@@ -5,11 +5,22 @@
                     for each value, in order:
                         None: a miss, stop
                         verify it and copy its KV bytes into the host page
-                        (record.read_into: the key, namespace tag, token ids,
-                        lengths, then the checksum of the copy)
+                        (the job's framing: record.read_into: the key,
+                        namespace tag, token ids, lengths, then the checksum
+                        of the copy; or, sealed, the same checks and the
+                        decryption into the page, authenticated)
                         failed: corrupt, stop
+                        unreadable (offload/storage/crypt): stop
                   then: _served(hits) (e.g. recency), queue the deletion of
                   a corrupt record on the writer, count, finish the ticket
+
+A record that cannot be authenticated (sealed under a key this store does
+not hold, failing its tag, in the clear where records are sealed) is a miss
+counted as ``decrypt_failures``. It is deleted only where ``delete_unreadable``
+says the store is this engine's own (LMDB): in a pool shared with other
+deployments it may be theirs, written under their keys, and deleting it
+would let one misconfigured engine wipe the pool; there it stays until its
+TTL (README: "Encryption at rest").
 
 A ticket always finishes. What a backend supplies (its transport):
 
@@ -36,8 +47,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.offload.storage import record
+from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.offload.storage.contract import StorageError, StorageUnavailable
+from radixcache.offload.storage.crypt.codec import Unreadable
 from radixcache.offload.storage.jobs import DeleteJob, ReadJob
 from radixcache.offload.storage.writer import JobWriter
 
@@ -50,12 +62,17 @@ Page = npt.NDArray[np.uint8]  # one host page's bytes
 class PageReader:
     """Serves ``get`` on ``num_readers`` threads (see the module docstring)."""
 
+    # Delete records that cannot be authenticated: True only for a store that
+    # is this engine's alone (see the module docstring).
+    delete_unreadable = False
+
     def __init__(self, writer: JobWriter, *, num_readers: int, thread_name: str) -> None:
         self._writer = writer  # deletes records that fail verification
         self._where = writer.where  # the store, for messages
         self._counters = writer.counters  # the store's counters
         self._pool = ThreadPoolExecutor(num_readers, thread_name_prefix=thread_name)
         self.unavailable = 0  # reads cut short because the store was unreachable
+        self._warn = RateLimitedLog(log)  # unreadable records repeat under load
 
     def submit(self, job: ReadJob) -> None:
         """Read ``job`` on a pool thread; its ticket gets the leading pages served."""
@@ -76,7 +93,7 @@ class PageReader:
         """Verify ``value``, the record of ``job``'s page ``i`` (its key, the
         namespace tag, its token ids, the lengths), and copy its KV bytes into
         ``dst``, the host page, checking the checksum of that copy."""
-        return isinstance(value, (bytes, memoryview)) and record.read_into(
+        return isinstance(value, (bytes, memoryview)) and job.framing.read_into(
             value, key=job.keys[i], ns_tag=job.ns_tag, tokens=job.token_row(i), dst=dst
         )
 
@@ -100,7 +117,7 @@ class PageReader:
     def _read(self, job: ReadJob) -> None:
         n = len(job.keys)
         try:
-            served, corrupt = self._read_pages(job)
+            served, corrupt, unreadable = self._read_pages(job)
         except _ShortRead as cut:  # those pages were read and verified
             self.unavailable += 1
             self._counters.add(failed_ops=1, hits=cut.served, misses=n - cut.served)
@@ -114,12 +131,26 @@ class PageReader:
             self._served(job.keys[:served])
         if corrupt is not None:  # its removal is published once the delete ran
             self._refused(job, corrupt)
-        self._counters.add(hits=served, misses=n - served, corrupt=corrupt is not None)
+        if unreadable is not None:
+            self._unreadable(job.keys[served], unreadable)
+        self._counters.add(
+            hits=served, misses=n - served, corrupt=corrupt is not None,
+            decrypt_failures=unreadable is not None,
+        )  # fmt: skip
         job.ticket.finish(served)
 
-    def _read_pages(self, job: ReadJob) -> tuple[int, int | None]:
+    def _unreadable(self, key: bytes, why: Unreadable) -> None:
+        """Record ``key`` could not be authenticated (``why``): warn, rate-limited,
+        and delete it where the store is this engine's alone."""
+        keep = "deleting it" if self.delete_unreadable else "leaving it (a shared store)"
+        self._warn.warning("%s: record %s unreadable (%s); %s", self._where, key.hex(), why, keep)
+        if self.delete_unreadable:
+            self._writer.submit(DeleteJob([key], None))
+
+    def _read_pages(self, job: ReadJob) -> tuple[int, int | None, Unreadable | None]:
         """Returns (leading pages served, index of a record that failed its
-        checks). Raises ``_ShortRead`` when the transport lost the store."""
+        checks, why the record after them could not be authenticated). Raises
+        ``_ShortRead`` when the transport lost the store."""
         host_bytes = job.host.as_bytes()
         pages = job.host_pages
         served = 0
@@ -127,15 +158,17 @@ class PageReader:
         try:
             for value in values:
                 if value is None:  # not stored (evicted, expired, never written)
-                    return served, None
+                    return served, None, None
                 if not self._verify(value, host_bytes[pages[served]], job, served):
-                    return served, served
+                    return served, served, None
                 served += 1
+        except Unreadable as why:
+            return served, None, why
         except StorageUnavailable as exc:
             raise _ShortRead(served) from exc
         finally:
             values.close()  # ends the transport's hold (e.g. its read transaction)
-        return served, None
+        return served, None, None
 
 
 class _ShortRead(StorageUnavailable):

@@ -15,7 +15,9 @@ Value layout (version 3; all integers little-endian)::
     offset  size  field
     0       4     magic b"RXKV"
     4       2     format version (3; 2 is still read)
-    6       2     flags: bit 0 = raw page (no token ids; the engine's own key)
+    6       2     flags: bit 0 = raw page (no token ids; the engine's own key),
+                  bit 1 = sealed (encrypted at rest: the layout after the key
+                  is offload/storage/crypt/sealed.py's, the checksum field 0)
     8       4     checksum (below)
     12      4     token count T (the page size; 0 for a raw page)
     16      8     KV byte count
@@ -62,6 +64,7 @@ MAGIC = b"RXKV"
 VERSION = 3  # written
 VERSION_CRC32 = 2  # read: the checksum is zlib's crc32 of bytes 12 .. end
 FLAG_RAW = 1  # no token ids: a page keyed by the engine itself
+FLAG_SEALED = 2  # encrypted at rest (offload/storage/crypt/sealed.py)
 HEADER = struct.Struct("<4sHHIIQQ16sqqIHH")  # see the table above; 72 bytes
 _CRC = struct.Struct("<I")
 _CRC_OFFSET = 8  # where the checksum field sits
@@ -142,6 +145,37 @@ def encode_into(
     _CRC.pack_into(out, _CRC_OFFSET, kv_checksum(kv, head_crc))
 
 
+def pack_header(
+    head: memoryview,
+    *,
+    flags: int,
+    num_tokens: int,
+    kv_size: int,
+    seq: int,
+    ns_tag: bytes,
+    block_id: int | None,
+    parent_block_id: int | None,
+    depth: int,
+    key: bytes,
+    info_len: int,
+) -> None:
+    """Check a record's fields and write its header (checksum field 0) and
+    its key into ``head`` (at least ``HEADER.size + len(key)`` bytes); what
+    follows the key is the caller's (clear: info and token ids; sealed:
+    offload/storage/crypt/sealed.py)."""
+    if not 0 < len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"record keys are 1 to {MAX_KEY_BYTES} bytes, got {len(key)}")
+    if len(ns_tag) != NS_TAG_BYTES:
+        raise ValueError(f"namespace tags are {NS_TAG_BYTES} bytes, got {len(ns_tag)}")
+    if info_len > MAX_INFO_BYTES:
+        raise ValueError(f"record info is at most {MAX_INFO_BYTES} bytes, got {info_len}")
+    head[HEADER.size : HEADER.size + len(key)] = key
+    HEADER.pack_into(
+        head, 0, MAGIC, VERSION, flags, 0, num_tokens, kv_size, seq,
+        ns_tag, _id(block_id), _id(parent_block_id), depth, len(key), info_len,
+    )  # fmt: skip
+
+
 def _write_head(
     head: memoryview,
     *,
@@ -159,28 +193,28 @@ def _write_head(
     0) into ``head`` (exactly ``head_size`` bytes), checking every field.
     Returns the crc32 of the head's bytes that the checksum covers, for
     ``kv_checksum`` to chain onto."""
-    if not 0 < len(key) <= MAX_KEY_BYTES:
-        raise ValueError(f"record keys are 1 to {MAX_KEY_BYTES} bytes, got {len(key)}")
-    if len(ns_tag) != NS_TAG_BYTES:
-        raise ValueError(f"namespace tags are {NS_TAG_BYTES} bytes, got {len(ns_tag)}")
-    if len(info) > MAX_INFO_BYTES:
-        raise ValueError(f"record info is at most {MAX_INFO_BYTES} bytes, got {len(info)}")
     t = 0 if tokens is None else int(tokens.size)
     tok_at = HEADER.size + len(key) + len(info)
     assert len(head) == tok_at + 4 * t, f"head buffer of {len(head)} B for {tok_at + 4 * t} B"
-    head[HEADER.size : HEADER.size + len(key)] = key
+    pack_header(
+        head, flags=0 if tokens is not None else FLAG_RAW, num_tokens=t, kv_size=kv_size,
+        seq=seq, ns_tag=ns_tag, block_id=block_id, parent_block_id=parent_block_id,
+        depth=depth, key=key, info_len=len(info),
+    )  # fmt: skip
     head[HEADER.size + len(key) : tok_at] = info
     if tokens is not None:
         head[tok_at:] = tokens.astype("<i4", copy=False).reshape(-1).view(np.uint8).data
-    HEADER.pack_into(
-        head, 0, MAGIC, VERSION, 0 if tokens is not None else FLAG_RAW, 0, t, kv_size, seq,
-        ns_tag, _id(block_id), _id(parent_block_id), depth, len(key), len(info),
-    )  # fmt: skip
     return zlib.crc32(head[_COVERED:])
 
 
 def _header(value: memoryview | bytes) -> tuple[int, ...] | None:
     """The header fields of a record of a version this code reads, else None."""
+    return parse_header(value)
+
+
+def parse_header(value: memoryview | bytes) -> tuple[int, ...] | None:
+    """The header fields (``HEADER``'s order) of a record of a version this
+    code reads, whatever its flags, else None."""
     if len(value) < HEADER.size:
         return None
     fields: tuple[int, ...] = HEADER.unpack_from(value, 0)

@@ -22,6 +22,7 @@ class StorageStats:
     hits: int  # pages served by get(), verified
     misses: int  # pages asked of get() and not served
     corrupt: int  # records that failed a checksum or token check (deleted)
+    decrypt_failures: int  # records read that could not be authenticated (offload/storage/crypt)
     evicted: int  # records evicted, least recently used first, to make room
     deleted: int  # records removed by delete() or forget_namespace()
     puts: int  # pages written
@@ -40,6 +41,7 @@ class Counters:
         "hits",
         "misses",
         "corrupt",
+        "decrypt_failures",
         "evicted",
         "deleted",
         "puts",

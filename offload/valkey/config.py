@@ -6,6 +6,9 @@ URL forms (``valkeys://`` and ``rediss://`` use TLS)::
     valkey://[user[:password]@]host1:port1,host2:port2,...?cluster=true
     redis://...   rediss://...   valkeys://...
 
+``key_file`` / ``key_env`` seal the records with the master keys of a key
+file or an environment variable (encryption at rest, offload/storage/crypt/).
+
 A password may come in the URL or in ``password``; either way it is kept out
 of ``repr()``, ``describe()``, log lines and error messages (``describe()``
 shows the URL with the password replaced by ``***``). A cluster is named by
@@ -14,8 +17,9 @@ the others from whichever seed, or node it learnt of before, answers.
 
 Options in the query (``URL_OPTIONS``): ``cluster``, ``chunk_pages``,
 ``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``, ``socket_timeout_s``,
-``connect_timeout_s``, so that everything an engine and a router must agree
-on (or need to connect) fits in the one URL both are given.
+``connect_timeout_s``, ``key_file``, ``key_env``, so that everything an
+engine and a router must agree on (or need to connect) fits in the one URL
+both are given.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from radixcache.offload.storage.checks import positive_float, positive_int
+from radixcache.offload.storage.crypt import KeySource
 
 SCHEMES = {"valkey": False, "redis": False, "valkeys": True, "rediss": True}  # -> TLS
 DEFAULT_PORT = 6379
@@ -31,7 +36,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 URL_OPTIONS = (
     "cluster", "chunk_pages", "tls_ca_file", "tls_cert_file", "tls_key_file",
-    "socket_timeout_s", "connect_timeout_s",
+    "socket_timeout_s", "connect_timeout_s", "key_file", "key_env",
 )  # fmt: skip
 # Pages per value when ``chunk_pages`` is None: as many as fit in this many
 # bytes, at most MAX_AUTO_CHUNK_PAGES (README, "What the pool holds": measured).
@@ -74,6 +79,10 @@ class ValkeyConfig:
     # offload/valkey/layout.py); None: from the page size (``pages_per_value``).
     chunk_pages: int | None = None
     namespace_shards: int = 256  # sets a namespace's index is split into (by hash slot)
+    # Encryption at rest: a file of master keys, or the name of an environment
+    # variable holding them (never the keys themselves); neither: in the clear.
+    key_file: str | None = None
+    key_env: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -115,6 +124,12 @@ class ValkeyConfig:
                 raise ValueError(f"a seed is (host, port in [1, 65535]), got {seed!r}")
         if self.seeds and not self.cluster:
             raise ValueError("several nodes name a cluster: add ?cluster=true (cluster=True)")
+        KeySource(self.key_file, self.key_env)  # validates them
+
+    @property
+    def keys(self) -> KeySource:
+        """Where the pool's master keys come from (none: records in the clear)."""
+        return KeySource(self.key_file, self.key_env)
 
     @property
     def nodes(self) -> tuple[Node, ...]:

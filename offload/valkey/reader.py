@@ -36,7 +36,6 @@ import numpy as np
 import numpy.typing as npt
 
 from radixcache.offload.storage import DeleteJob, JobWriter, PageReader, ReadJob, StoredValue
-from radixcache.offload.storage import record as rec
 from radixcache.offload.storage.reader import Page
 from radixcache.offload.valkey.bulk import SHORT, Destination, ErrorReply, Value
 from radixcache.offload.valkey.layout import Cuts, next_boundaries
@@ -245,9 +244,10 @@ class PoolReader(PageReader):
         return done
 
     def _verify(self, value: StoredValue, dst: Page, job: ReadJob, i: int) -> bool:
-        """Verify a record read as its head ``value`` plus the KV bytes already in ``dst``."""
+        """Verify a record read as its head ``value`` plus its last bytes,
+        already in ``dst`` (the job's framing: in the clear or sealed)."""
         assert value is not None, "a missing record is a miss, not a value to verify"
-        return rec.verify_parts(
+        return job.framing.verify_parts(
             value, dst, key=job.keys[i], ns_tag=job.ns_tag, tokens=job.token_row(i)
         )
 

@@ -111,7 +111,7 @@ class ValkeyStorage(StorageBase):
     def __init__(self, config: ValkeyConfig, spec: KVSpec, fingerprint: ModelFingerprint) -> None:
         if not isinstance(config, ValkeyConfig):
             raise TypeError(f"config must be a ValkeyConfig, got {type(config).__name__}")
-        super().__init__(spec, fingerprint)
+        super().__init__(spec, fingerprint, config.keys)  # keys first: a bad key opens nothing
         self.config = config
         self._prefix = config.key_prefix + self._digest  # + page key = pool key
         self._link = PoolLink(config)
@@ -248,11 +248,12 @@ class ValkeyStorage(StorageBase):
         host_pages: HostPages,
         namespace: bytes,
         meta: PutMeta | None = None,
+        tenant: bytes | None = None,
     ) -> Ticket:
         """As the base's; the reads that follow no longer trust earlier lookups
         of where values end (this put may rewrite or replace some)."""
         self._hints.clear()
-        return super().put(keys, tokens, host, host_pages, namespace, meta)
+        return super().put(keys, tokens, host, host_pages, namespace, meta, tenant=tenant)
 
     def scan(self) -> Iterator[RecordMeta]:
         """Nothing: the pool's records belong to every engine that uses it, so an

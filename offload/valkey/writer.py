@@ -210,14 +210,13 @@ class PoolWriter(JobWriter):
         self, job: PutJob, start: int, end: int, host_bytes: npt.NDArray[np.uint8]
     ) -> Scattered:
         """The value of pages ``start`` to ``end``: the chunk head (several
-        pages), then each page's record head and its host page itself (the KV
-        bytes are sent from the host page, never copied; the caller leaves it
-        untouched until the ticket is done)."""
+        pages), then each record framed (or sealed) on its own, as its head
+        and body: the host page itself in the clear (never copied; the caller
+        leaves it untouched until the ticket is done), sealed its ciphertext."""
         parts: list[bytes | memoryview] = [chunk.chunk_head(end - start)] if end - start > 1 else []
         for i in range(start, end):
             kv = host_bytes[job.host_pages[i]]
-            parts.append(job.encode_head(i, self._seq, kv))
-            parts.append(kv.data)
+            parts += job.encode_parts(i, self._seq, kv)  # (head, body)
             self._seq += 1
         if len(parts) > 2:  # the chunk head joins the first record head (one small buffer)
             parts[0:2] = [bytes(parts[0]) + bytes(parts[1])]

@@ -11,7 +11,7 @@ from radixcache.cli.parser import one_line_usage_errors
 BENCHMARKS = {
     "tree": "the engine against a naive cache (match, insert, evict, replay, memory)",
     "copy": "the copy engine against a plain copy of the same bytes",
-    "storage": "the LMDB tier against plain files",
+    "storage": "the LMDB tier against plain files, in the clear and sealed (encrypted)",
     "events": "the event stream: encode, send over loopback, decode",
     "pool": "the Valkey pool backend against the raw client (the valkey extra)",
 }

@@ -33,6 +33,7 @@ time); waiting on a ticket happens outside it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import threading
 from collections.abc import Sequence
@@ -179,6 +180,11 @@ class PageStoreConfig:
     durability: str = "safe"  # "safe" or "fast" (see offload/lmdb/storage.py)
     num_readers: int = 2  # reader threads
     backend: str | None = None  # one of BACKENDS; None: "valkey" for a pool URL, else "lmdb"
+    # Encryption at rest (README: "Encryption at rest"): a file of master keys,
+    # or the name of an environment variable holding them; a pool URL may
+    # also carry ?key_file= / ?key_env=
+    key_file: str | None = None
+    key_env: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.page_bytes, int) or self.page_bytes <= 0 or self.page_bytes % 2:
@@ -229,6 +235,8 @@ class PageStore:
             return
         if config.backend == "valkey":
             pool = storage_config(config.path)
+            if pool is not None and (config.key_file is not None or config.key_env is not None):
+                pool = dataclasses.replace(pool, key_file=config.key_file, key_env=config.key_env)
             self._storage = open_backend(pool, raw_spec(config.page_bytes), config.fingerprint()).storage
             return
         self._storage = LmdbStorage(
@@ -237,6 +245,8 @@ class PageStore:
                 capacity_bytes=config.capacity_bytes,
                 durability=config.durability,
                 num_readers=config.num_readers,
+                key_file=config.key_file,
+                key_env=config.key_env,
             ),
             raw_spec(config.page_bytes),
             config.fingerprint(),

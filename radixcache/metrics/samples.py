@@ -109,6 +109,9 @@ def collect(cache: RadixCache, publisher: EventPublisher | None = None) -> list[
                 ("storage_bytes", "gauge", "Bytes of stored records", {}, st.stored_bytes),
                 ("storage_corrupt", "counter", "Records that failed verification (deleted)", {},
                  st.corrupt),
+                ("storage_decrypt_failures", "counter",
+                 "Records read that could not be authenticated (wrong key, tampered, another "
+                 "tenant's): misses", {}, st.decrypt_failures),
                 ("storage_failed_ops", "counter", "Storage operations that failed", {},
                  st.failed_ops),
                 ("storage_unknown_removals", "counter",

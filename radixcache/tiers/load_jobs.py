@@ -172,8 +172,9 @@ class FetchJob(TierJob):
         self.epoch = epoch  # the namespace's forget count at submission
         self._submitted(
             rt.controller.fetch(
-                keys, self.tokens[start:].reshape(n, p), host_pages, self.namespace.digest(), self
-            )
+                keys, self.tokens[start:].reshape(n, p), host_pages, self.namespace.digest(), self,
+                self.namespace.tenant,
+            )  # fmt: skip
         )
 
     def give_up(self) -> None:

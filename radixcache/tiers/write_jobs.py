@@ -73,7 +73,9 @@ class StoreJob(TierJob):
         rt.index.hold(nodes)  # the host copies stay; the device copies stay evictable
         meta = put_meta(rt.tree.ids, nodes)  # event ids, parent, depth: survivors after a restart
         self._submitted(
-            rt.controller.store(keys, tokens, host, self.namespace.digest(), self, meta)
+            rt.controller.store(
+                keys, tokens, host, self.namespace.digest(), self, meta, self.namespace.tenant
+            )
         )
 
     def held(self) -> list[Node]:

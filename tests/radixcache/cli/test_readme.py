@@ -73,6 +73,7 @@ SMALL_DEMOS = [
     "radixcache demo --chats 2 --turns 2 --storage 'valkey://auto?cluster=true' --engines 2 "
     "--kill-node 0",
 ]
+SEALED_DEMO = "radixcache demo --fresh --chats 2 --turns 2 --storage-key-file rx.key"
 SWEEP = (f"radixcache replay {TRACE} --sweep 1024,2048,4096,8192,16384,32768,65536 "
          "--warmup 0.1 --model llama-3-8b --out docs/replay_mooncake")
 PLOT = importlib.util.find_spec("matplotlib") is not None
@@ -94,6 +95,10 @@ RUNS: dict[str, Run] = {
     **{c: Run(_cli(c), "as written") for c in SMALL_DEMOS},
     f"radixcache replay {TRACE} --device-pages 1024 --host-pages 4096": Run(
         _cli(f"radixcache replay {TRACE} --device-pages 1024 --host-pages 4096"), "as written"),
+    SEALED_DEMO: Run(
+        ("sh", "-c", f"umask 077 && {shlex.quote(sys.executable)} -c 'import os; "
+         f"print(os.urandom(32).hex())' > rx.key && {shlex.join(_cli(SEALED_DEMO))}"),
+        "rx.key written first (a random key, as openssl rand -hex 32 prints)"),
     SWEEP: Run(_cli(SWEEP.replace("docs/replay_mooncake", "sweep"),
                     *(() if PLOT else ("--no-plot",))),
                "--out in the temporary folder; --no-plot without matplotlib"),
@@ -121,6 +126,8 @@ RUNS: dict[str, Run] = {
                        "backend through SGLang's factory in test_readme_engines.py"),
     "python -m radixcache.cli.bench.engines": Run(
         None, "test_readme_engines.py runs it on 2 MiB (needs vLLM and SGLang)"),
+    "pip install -e '.[encryption]'": Run(
+        None, "an install hint; .ci/run installs cryptography with '.[test]'"),
     "pip install 'radixcache[metrics]'": Run(
         None, "an install hint; .ci/run installs prometheus-client with '.[test]'"),
 }
@@ -176,6 +183,8 @@ def test_readme_command_runs(command: str, tmp_path: Path) -> None:
                          proc.stdout, re.M), proc.stdout
     elif "demo" in command and "-h" not in command:
         assert "none wrong" in proc.stdout
+        if "--storage-key-file" in command:
+            assert "records sealed (AES-256-GCM)" in proc.stdout and "0 unreadable" in proc.stdout
         assert re.search(r"LMDB store \S+: [\d.]+ MiB on disk", proc.stdout)
     if command == SWEEP:
         check_sweep_table(tmp_path / "sweep.csv")

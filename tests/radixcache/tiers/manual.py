@@ -114,17 +114,17 @@ class ManualStorage:
         return ticket
 
     def get(self, keys: list[bytes], tokens: np.ndarray, host: object, host_pages: np.ndarray,
-            namespace: bytes | None = None) -> StorageTicket:
+            namespace: bytes | None = None, tenant: bytes | None = None) -> StorageTicket:
         def run(limit: int | None) -> Any:
             n = len(keys) if limit is None else min(limit, len(keys))
-            return self.inner.get(keys[:n], tokens[:n], host, host_pages[:n], namespace)
+            return self.inner.get(keys[:n], tokens[:n], host, host_pages[:n], namespace, tenant=tenant)
 
         return self._hold("get", run)
 
     def put(self, keys: list[bytes], tokens: np.ndarray, host: object, host_pages: np.ndarray,
-            namespace: bytes, meta: object = None) -> StorageTicket:
+            namespace: bytes, meta: object = None, tenant: bytes | None = None) -> StorageTicket:
         def run(limit: int | None) -> Any:
-            return self.inner.put(keys, tokens, host, host_pages, namespace, meta)
+            return self.inner.put(keys, tokens, host, host_pages, namespace, meta, tenant=tenant)
 
         return self._hold("put", run)
 

@@ -68,6 +68,7 @@ def kv_value(ns: int, incarnation: int, prefix: np.ndarray) -> float:
 
 class TieredMachine(RuleBasedStateMachine):
     requests = Bundle("requests")
+    sealed = False  # the store's records encrypted at rest (SealedTieredMachine)
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,12 +85,17 @@ class TieredMachine(RuleBasedStateMachine):
     def _open(self) -> None:
         """A cache on the machine's store (a restart keeps the store)."""
         record = record_size(24, 0, P, SPEC.page_bytes)
+        keys = Path(self._dir.name) / "rx.key"
+        if self.sealed and not keys.exists():
+            keys.write_text(bytes(range(32)).hex() + "\n")
+            keys.chmod(0o600)
         tiers = TierConfig(
             host=HostPoolConfig(pages=8),
             write_policy="write_through",
             prefetch_policy="wait_complete",
             storage=StorageConfig(
-                path=Path(self._dir.name) / "s", capacity_bytes=6 * record, durability="fast"
+                path=Path(self._dir.name) / "s", capacity_bytes=6 * record, durability="fast",
+                key_file=str(keys) if self.sealed else None,
             ),
             model_id="property",
         )
@@ -310,3 +316,17 @@ TieredMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestTieredMachine = TieredMachine.TestCase
+
+
+class SealedTieredMachine(TieredMachine):
+    """The same machine on a store encrypted at rest (tenants' keys, sealed
+    records): the same invariants, the KV served checked the same way."""
+
+    sealed = True
+
+
+SealedTieredMachine.TestCase.settings = settings(
+    TieredMachine.TestCase.settings,
+    max_examples=int(os.environ.get("RADIXCACHE_TIER_EXAMPLES", 20_000 if LONG else 60)),
+)
+TestSealedTieredMachine = SealedTieredMachine.TestCase
