@@ -64,7 +64,10 @@ def test_ctrl_c_during_start_up_imports_is_one_line_and_status_130(
 
 
 def test_ctrl_c_while_the_demo_serves_is_one_line_and_status_130(tmp_path: Path) -> None:
-    args = ["demo", *SMALL_DEMO, "--turns", "4", "--chats", "4",
+    # Seconds of serving left after turn 1 (16 chats, 10 turns), so that the
+    # signal lands while the demo serves even when this process is slow to
+    # send it on a busy machine (4 chats of 4 turns left ~0.3 s: too little).
+    args = ["demo", *SMALL_DEMO, "--turns", "10", "--chats", "16", "--device-pages", "64",
             "--storage-path", str(tmp_path / "s")]
     status, err = interrupt(args, after_line="turn 1/")
     assert status == 130, err
