@@ -151,7 +151,12 @@ class CpuCopyEngine:
         last = self._last
         # Tickets finish in order: the last one done means the worker is idle.
         if len(pairs) <= self._inline_pages and (last is None or last.done()):
-            self._copy(request, ticket)
+            try:
+                self._copy(request, ticket)
+            except BaseException as exc:  # an interrupt on the caller's thread (Ctrl-C)
+                if not ticket.done():  # fails the ticket: a drain never waits for it
+                    ticket.fail(exc)
+                raise
         else:
             self._queue.put((request, ticket))
             self._last = ticket

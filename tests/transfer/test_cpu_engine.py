@@ -21,7 +21,8 @@ from radixcache.transfer.engine import (
 )
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import DeviceKVBuffer, KVSpec
-from radixcache.transfer.ticket import Ticket
+from radixcache.transfer import engine as engine_module
+from radixcache.transfer.ticket import FutureTicket, Ticket
 
 MakeBuffers = Callable[..., tuple[DeviceKVBuffer, HostKVBuffer]]
 WAIT = 5.0  # seconds; a healthy engine needs milliseconds
@@ -74,6 +75,37 @@ def test_a_small_copy_on_an_idle_engine_is_done_on_return(
     assert hooked.device_to_host(ids(4), ids(2)).wait(WAIT)
     assert seen == ["kv-copy"]  # with a fault hook, every copy goes to the worker
     close_within(hooked)
+
+
+def test_an_interrupt_during_an_inline_copy_fails_its_ticket_and_the_engine_goes_on(
+    buffers: tuple[DeviceKVBuffer, HostKVBuffer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C lands while a small copy runs inline on the caller's thread: the
+    KeyboardInterrupt reaches the caller, its ticket is failed (a drain never
+    waits for it: a demo interrupted there used to hang at close), and the
+    engine still copies and closes."""
+    dev, host = buffers
+    eng = CpuCopyEngine(dev, host)
+    tickets: list[FutureTicket] = []
+    real_ticket = engine_module.FutureTicket
+
+    def recorded() -> FutureTicket:
+        tickets.append(real_ticket())
+        return tickets[-1]
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_module, "FutureTicket", recorded)
+    monkeypatch.setattr(engine_module, "copy_small", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        eng.device_to_host(ids(3), ids(0))
+    (ticket,) = tickets
+    assert ticket.done() and isinstance(ticket.error, KeyboardInterrupt)
+    monkeypatch.undo()
+    assert eng.device_to_host(ids(5), ids(1)).wait(WAIT)
+    assert torch.equal(as_bits(host.data[1]), as_bits(host_page_of(dev, 5)))
+    close_within(eng)
 
 
 def test_a_small_copy_behind_a_queued_one_waits_its_turn(
