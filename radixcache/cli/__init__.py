@@ -15,7 +15,7 @@ import importlib
 import sys
 
 from radixcache.cli.config_option import apply_config, given_dests
-from radixcache.cli.parser import CliParser, UsageError, interrupt_exits, run_guarded
+from radixcache.cli.parser import CLOSE_GRACE_S, CliParser, UsageError, interrupt_exits, run_guarded
 
 # Modules with a ``register(subparsers)`` that adds one subcommand, in the
 # order ``radixcache -h`` lists them.
@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
                     args.command_parser.error(str(err))
         except SystemExit as done:  # -h, or a usage error already reported on one line
             return done.code if isinstance(done.code, int) else 2
-    return run_guarded(f"radixcache {args.command}", lambda: int(args.func(args)))
+    prog = f"radixcache {args.command}"
+    with interrupt_exits(prog, grace_s=CLOSE_GRACE_S):  # Ctrl-C: close, within a bound
+        return run_guarded(prog, lambda: int(args.func(args)))
 
 
 if __name__ == "__main__":

@@ -91,28 +91,46 @@ def _silence_stdout() -> None:
 
 
 INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT), as shells report it
+CLOSE_GRACE_S = 10.0  # how long a command may take to close after Ctrl-C
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while a command runs, already reported on stderr."""
 
 
 @contextmanager
-def interrupt_exits(prog: str) -> Iterator[None]:
-    """While the block runs (start-up: imports, parsing), Ctrl-C prints one
-    line and ends the process with status 130 at once.
+def interrupt_exits(prog: str, grace_s: float | None = None) -> Iterator[None]:
+    """While the block runs, Ctrl-C prints one line and ends with status 130.
 
+    ``grace_s`` None (start-up: imports, parsing): the process ends at once.
     A KeyboardInterrupt raised inside an import can leave a half-imported
     module behind (numpy, torch), and what fails next is some unrelated
     error with a long traceback; nothing needs cleaning up before the
-    command starts, so the process just ends. Outside the main thread (a
-    caller running ``main`` in a thread) signals cannot be handled: no-op.
+    command starts. With ``grace_s`` (a command running): ``Interrupted`` is
+    raised so that the command closes what it opened, and if closing takes
+    longer than ``grace_s`` seconds, or Ctrl-C comes again, the process ends
+    (every store is crash-safe; a cache loses only writes in flight). Outside
+    the main thread (a caller running ``main`` in a thread) signals cannot
+    be handled: no-op.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def exit_now(signum: int, frame: object) -> None:
-        os.write(2, f"{prog}: interrupted\n".encode())
         os._exit(INTERRUPTED)
 
-    previous = signal.signal(signal.SIGINT, exit_now)
+    def on_interrupt(signum: int, frame: object) -> None:
+        os.write(2, f"{prog}: interrupted\n".encode())
+        if grace_s is None:
+            os._exit(INTERRUPTED)
+        signal.signal(signal.SIGINT, exit_now)  # a second Ctrl-C: at once
+        watchdog = threading.Timer(grace_s, exit_now, args=(signum, None))
+        watchdog.daemon = True
+        watchdog.start()
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         yield
     finally:
@@ -130,6 +148,7 @@ def run_guarded(prog: str, command: Callable[[], int]) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return 0
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        if not isinstance(err, Interrupted):  # (an Interrupted was reported when it came)
+            print(f"{prog}: interrupted", file=sys.stderr)
         return INTERRUPTED
