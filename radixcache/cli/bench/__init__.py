@@ -9,6 +9,9 @@ pass/fail verdicts are marked as indicative (``with_note``, ``verdict``).
 from __future__ import annotations
 
 import os
+import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
 # Load average per core above which a run is taken as loaded (its absolute
@@ -42,3 +45,23 @@ def verdict(ok: bool, note: str | None) -> str:
 def with_note(report: dict[str, Any], note: str | None) -> dict[str, Any]:
     """``report`` with a leading ``"note"`` when the run is not the measurement."""
     return report if note is None else {"note": note, **report}
+
+
+def timed(run: Callable[[], None], setup: Callable[[], None] | None = None) -> float:
+    """Seconds ``run()`` takes (after an untimed ``setup()``, if given)."""
+    if setup is not None:
+        setup()
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def rate(nbytes: int, pages: int, runs: list[float]) -> dict[str, Any]:
+    """Rates of the median run; every run's seconds are kept to show the spread."""
+    seconds = statistics.median(runs)
+    return {
+        "gb_per_s": round(nbytes / seconds / 1e9, 3),
+        "pages_per_s": round(pages / seconds, 1),
+        "seconds": round(seconds, 4),
+        "runs_s": [round(t, 4) for t in runs],
+    }

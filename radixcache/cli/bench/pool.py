@@ -69,7 +69,8 @@ import redis
 import torch
 
 from radixcache.cli.bench import run_note, with_note
-from radixcache.cli.bench.pools.pages import Pages, rate, timed
+from radixcache.cli.bench import rate, timed
+from radixcache.cli.bench.pools.pages import Pages
 from radixcache.cli.bench.pools.valkey import LOOKUP_SPEC, bench_lookup, bench_spec
 from radixcache.cli.parser import CliParser
 from radixcache.offload import LmdbStorage, StorageConfig

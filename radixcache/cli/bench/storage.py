@@ -50,9 +50,7 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import tempfile
-import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,7 +60,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from radixcache.cli.bench import run_note, with_note
+from radixcache.cli.bench import rate, run_note, timed, with_note
 from radixcache.cli.bench.sealing import codec_cpu
 from radixcache.cli.options import positive_int
 from radixcache.cli.parser import CliParser
@@ -82,25 +80,6 @@ SPECS = {
 WRITE_TARGET = 0.5  # LMDB write rate / fsync'd sequential write rate
 READ_TARGET_GBPS = 2.0  # LMDB reads of cached pages into host pages
 SEALED_TARGET = 0.85  # sealed (encrypted) / clear LMDB throughput, writes and reads
-
-
-def _timed(run: Callable[[], None], setup: Callable[[], None] | None = None) -> float:
-    if setup is not None:
-        setup()
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
-def _rate(nbytes: int, pages: int, runs: list[float]) -> dict[str, Any]:
-    """Rates of the median run; every run's seconds are kept to show the spread."""
-    seconds = statistics.median(runs)
-    return {
-        "gb_per_s": round(nbytes / seconds / 1e9, 3),
-        "pages_per_s": round(pages / seconds, 1),
-        "seconds": round(seconds, 4),
-        "runs_s": [round(t, 4) for t in runs],
-    }
 
 
 def _fresh(path: Path) -> None:
@@ -230,7 +209,7 @@ def _bench_spec(
     write_s: dict[str, list[float]] = {k: [] for k in writes}
     for round_ in range(repeat + 1):  # round 0 warms up (its first LMDB runs are slow here)
         for method, (run, setup) in writes.items():
-            seconds = _timed(run, setup)
+            seconds = timed(run, setup)
             if round_:
                 write_s[method].append(seconds)
     # Reads of pages in the OS page cache (each warmed and checked first).
@@ -259,15 +238,15 @@ def _bench_spec(
             assert np.array_equal(out, raw), f"{method} read back wrong bytes"
     for _ in range(repeat):  # interleaved rounds, as for writes
         for method, run in reads.items():
-            read_s[method].append(_timed(run))
+            read_s[method].append(timed(run))
     sealing_cpu = codec_cpu(fingerprint, raw[: max(1, (32 << 20) // spec.page_bytes)],
                             tokens, repeat)
     txns = {d: stores[d].stats().write_txns for d in stores}
     for store in stores.values():
         store.close()
 
-    w = {k: _rate(nbytes, n, v) for k, v in write_s.items()}
-    r = {k: _rate(nbytes, n, v) for k, v in read_s.items()}
+    w = {k: rate(nbytes, n, v) for k, v in write_s.items()}
+    r = {k: rate(nbytes, n, v) for k, v in read_s.items()}
     write_ratio = w["lmdb_safe"]["gb_per_s"] / w["seq_fsync"]["gb_per_s"]
     sealed_write = w["lmdb_sealed"]["gb_per_s"] / w["lmdb_safe"]["gb_per_s"]
     sealed_read = r["lmdb_sealed"]["gb_per_s"] / r["lmdb_safe"]["gb_per_s"]

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,21 +11,6 @@ from radixcache.offload import ModelFingerprint
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 
-
-def rate(nbytes: int, pages: int, runs: list[float]) -> dict[str, Any]:
-    seconds = statistics.median(runs)
-    return {
-        "gb_per_s": round(nbytes / seconds / 1e9, 3),
-        "pages_per_s": round(pages / seconds, 1),
-        "seconds": round(seconds, 4),
-        "runs_s": [round(t, 4) for t in runs],
-    }
-
-
-def timed(run: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
 
 class Pages:
     """One figure's pages: source and destination host buffers, keys, tokens."""

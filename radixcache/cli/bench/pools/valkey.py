@@ -19,7 +19,8 @@ import numpy as np
 import redis
 import torch
 
-from radixcache.cli.bench.pools.pages import Pages, rate, timed
+from radixcache.cli.bench import rate, timed
+from radixcache.cli.bench.pools.pages import Pages
 from radixcache.offload import ModelFingerprint, ValkeyConfig, ValkeyStorage
 from radixcache.offload.storage import record as rec
 from radixcache.offload.valkey.nodes import PageConnection, PageSSLConnection, Scattered
