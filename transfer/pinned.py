@@ -84,6 +84,11 @@ def allocate_pinned(nbytes: int) -> PinnedBytes:
         raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("pinned host memory needs CUDA, which is not available")
+    # torch reports memory pinned by someone else (cupy, cudaHostRegister) as
+    # pinned only once its own CUDA state is up: without this, a process whose
+    # first CUDA call is this allocation gets a buffer that ``is_pinned()``
+    # calls pageable.
+    torch.cuda.init()
     block = _with_cupy(nbytes)
     if block is None:
         block = _with_host_register(nbytes)

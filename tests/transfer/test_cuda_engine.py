@@ -193,8 +193,12 @@ def test_save_waits_for_the_compute_stream_and_submit_does_not_block() -> None:
     index = torch.from_numpy(pages).long().cuda()  # before the spin: .cuda() would wait for it
     with CudaCopyEngine(dev, host) as eng:
         assert eng.device_to_host(pages, np.array([7, 8, 9])).wait(10)  # warm up allocators
-        torch.cuda._sleep(SPIN)  # the compute stream is busy ...
-        dev.k[:, index] = 3.0  # ... then writes the pages to save
+        torch.cuda._sleep(10 * SPIN)  # the compute stream is busy for ~1 s ...
+        # ... then writes the pages to save (index_fill_ takes the value as a
+        # kernel argument; ``dev.k[:, index] = 3.0`` would copy a CPU scalar up
+        # and wait for the stream, spin included)
+        dev.k.index_fill_(1, index, 3.0)
+        assert not torch.cuda.current_stream().query(), "the test's setup waited for the spin"
         started = time.perf_counter()
         ticket = eng.device_to_host(pages, np.array([0, 1, 2], dtype=np.int32))
         submit_s = time.perf_counter() - started

@@ -66,6 +66,7 @@ def pinned_by_torch() -> int | None:
 
 @pytest.mark.gpu
 def test_pinned_buffer_is_exact_and_page_locked() -> None:
+    torch.cuda.init()  # torch's host-memory statistics exist once its CUDA state is up
     before = pinned_by_torch()
     host = HostKVBuffer(ODD, 1001, pin=True)  # 720_720 B: a power-of-two allocator takes 1 MiB
     assert host.pinned and host.pin_backend in (CUPY, HOST_REGISTER)
