@@ -33,13 +33,17 @@ import os
 
 from radixcache.bulk import CacheBulk
 from radixcache.cache_check import check_cache
-from radixcache.cache_config import CacheConfig, build_index
+from radixcache.cache_config import CacheConfig, build_index, quota_book
 from radixcache.capacity import DeviceCapacity
 from radixcache.errors import CacheClosedError, RequestStateError
 from radixcache.events.types import KvEvent
 from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters, snapshot
+from radixcache.tenants.api import Tenants
+from radixcache.tenants.eviction import ANY
+from radixcache.tenants.gate import TenantGate
+from radixcache.tenants.ledger import TenantLedger
 from radixcache.tiers.config import TierStats
 from radixcache.tiers.contract import Tiers
 from radixcache.tokens import as_tokens
@@ -75,10 +79,14 @@ class RadixCache:
         self._next_rid = 0
         self._forgets: dict[Namespace, int] = {}  # forget_namespace calls per namespace
         self._capacity = DeviceCapacity(self.pool, self.counters)
-        built = build_index(config, self.kv, self._capacity.allocate_or_none, self.pool.free)
+        ledger = TenantLedger(quota_book(config.quotas))
+        built = build_index(config, self.kv, self._capacity.allocate_or_none, self.pool.free, ledger)
         self.tree: RadixTree = built.tree
         self.tiers: Tiers = built.tiers
-        self._capacity.bind(self.tree, self.tiers)
+        self._gate = TenantGate(self.tree, ledger, self._free_evicted)
+        self._gate.before_drop = self.tiers.before_device_drop
+        self._capacity.bind(self.tree, self.tiers, self._gate)
+        self.tenants = Tenants(self._gate, self._check_open)  # quotas and per-tenant stats
         self._bulk = CacheBulk(self.tree, self.pool, self.tiers, self._live, self._forgets)
         self._recorder = built.recorder
         self._refusal: str | None = None  # why every call is refused (closed, forked); None: open
@@ -119,6 +127,7 @@ class RadixCache:
             # (memcpy speed) and share them instead of stopping short.
             match = self.tree.match(namespace, usable, priority)
         req.admit_cached(self.tree, match.last_device_node, match.device_pages, match.device_len)
+        self._gate.serving(namespace)  # load-backs are for its tenant
         try:
             self.tiers.on_admit(req, match, arr)
         except BaseException:  # a defect below: undo the admission, leave no live ghost
@@ -131,6 +140,7 @@ class RadixCache:
         c.prompt_tokens += int(arr.size)
         c.hit_tokens += match.device_len
         c.hit_pages += req.num_pages
+        self._gate.admitted(namespace, int(arr.size), match.device_len, req.cached_len)
         return req
 
     def peek(self, tokens: object, namespace: Namespace = DEFAULT_NAMESPACE) -> int:
@@ -178,6 +188,7 @@ class RadixCache:
             raise ValueError(f"{what} takes a non-negative int, got {num_tokens!r}")
         if what == "commit":
             req.check_commit(num_tokens)
+        self._gate.serving(req.namespace)
         if req.pending:
             self.tiers.resolve(req)
 
@@ -213,6 +224,9 @@ class RadixCache:
     def _insert(self, req: Request, full: int) -> None:
         if self._forgets and not req.may_insert(self._forgets.get(req.namespace, 0)):
             return  # its prefix was forgotten: later pages stay its own, freed at release
+        full = self._gate.cap_insert(req.namespace, req.shared_pages, full)
+        if full <= req.shared_pages:
+            return  # the tenant is at its device limit: the pages stay private (counted)
         p = self.page_size
         # Unlock first: the insert may then extend the request's own leaf in
         # place (nothing can be evicted between here and the lock below).
@@ -256,7 +270,12 @@ class RadixCache:
         self._check_open()
         if type(num_pages) is not int or num_pages < 0:
             raise ValueError(f"evict takes a non-negative int, got {num_pages!r}")
+        self._gate.requester = ANY  # nobody's pressure: floors hold against every tenant
         return self._capacity.evict(num_pages)
+
+    def _free_evicted(self, pages: PageIds) -> None:
+        self.pool.free(pages)
+        self.counters.evicted_pages += int(pages.size)
 
     def poll(self) -> int:
         """Apply finished tier jobs (backups, loads, storage); call once per

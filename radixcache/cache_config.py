@@ -11,7 +11,7 @@ and ``HostTiers`` driving them). Called once, by ``RadixCache.__init__``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixcache.tree.policies import make_eviction_policy
 from radixcache.tiers.host_index import HostIndex
@@ -25,6 +25,9 @@ from radixcache.tiers.contract import NullTiers, Tiers
 from radixcache.tiers.host_tiers import AllocateDevice, HostTiers
 from radixcache.transfer import DeviceKVBuffer, KVSpec
 from radixcache.tree.radix_tree import RadixTree
+from radixcache.tenants.device import attach
+from radixcache.tenants.ledger import TenantLedger
+from radixcache.tenants.quota import QuotaBook, TenantQuota
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,11 @@ class CacheConfig:
     allocate_kv: bool = True  # False: index and pools only, no KV tensors
     tiers: TierConfig | None = None  # host (and storage) tiers; None: device only
     record_events: bool = False  # record page events for take_events() (routers)
+    # Per-tenant limits and floors (radixcache.tenants): {salt: TenantQuota}, a
+    # QuotaBook, or None (off). {} turns quotas on with none set (set_quota later).
+    quotas: QuotaBook | dict[str | bytes | None, TenantQuota] | None = field(
+        default=None, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, KVSpec):
@@ -59,6 +67,7 @@ class CacheConfig:
                 f"device_bytes={self.device_bytes} holds no page of {self.spec.page_bytes} B"
             )
         make_eviction_policy(self.eviction_policy)  # validates the name
+        quota_book(self.quotas)  # validates
         if self.tiers is not None and not self.allocate_kv:
             raise ValueError("host and storage tiers need KV tensors (allocate_kv=True)")
 
@@ -68,6 +77,19 @@ class CacheConfig:
             return self.device_pages
         assert self.device_bytes is not None
         return self.device_bytes // self.spec.page_bytes
+
+
+def quota_book(quotas: object) -> QuotaBook | None:
+    """A fresh ``QuotaBook`` of ``CacheConfig.quotas`` (the cache's own, so
+    ``set_quota`` changes no one else's), or None when quotas are off."""
+    if quotas is None:
+        return None
+    if isinstance(quotas, QuotaBook):
+        return QuotaBook(dict(quotas.items_by_salt()), quotas.default)
+    if not isinstance(quotas, dict):
+        raise TypeError(f"quotas must be a dict of salt -> TenantQuota, a QuotaBook or None, "
+                        f"got {type(quotas).__name__}")
+    return QuotaBook(quotas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +106,7 @@ def build_index(
     kv: DeviceKVBuffer | None,
     allocate_device: AllocateDevice,
     free_device: Callable[[PageIds], None],
+    ledger: TenantLedger,
 ) -> CacheIndex:
     """The tree and the tiers for ``config``. ``kv`` is the device KV buffer
     (None without KV tensors); the tiers take device pages for load-back
@@ -96,11 +119,14 @@ def build_index(
         EventRecorder(PageKeys(page_size)) if config.record_events else NoEvents()
     )
     if config.tiers is None:
-        return CacheIndex(RadixTree(page_size, policy, recorder), NullTiers(), recorder)
+        tree = RadixTree(page_size, policy, recorder)
+        attach(tree, ledger)
+        return CacheIndex(tree, NullTiers(), recorder)
     assert kv is not None
     host = HostPool(config.spec, config.tiers.host, config.num_device_pages)
     index = HostIndex(host, recorder, page_size, policy)
     tree = RadixTree(page_size, policy, recorder, index)
+    attach(tree, ledger)
     tiers = HostTiers(
         tree,
         index,

@@ -18,6 +18,10 @@ allocation evicts nothing, locks nothing and allocates nothing (invariant
 10); what steps 3 and 4 applied is work already in flight, exactly what the
 next ``poll()`` would apply, and they run only while jobs are in flight:
 with none, a failed allocation changes nothing but the failure counter.
+With quotas (radixcache.tenants), "evictable" is what eviction may take for
+the requesting tenant: its own evictable pages and every other tenant's
+above that tenant's floor, counted page-exact (``TenantEviction.takeable``),
+so the same guarantee holds.
 ``DeviceCapacity`` belongs to one ``RadixCache``; owner thread only.
 """
 
@@ -27,6 +31,7 @@ from typing import NoReturn
 
 from radixcache.errors import OutOfPagesError
 from radixcache.stats import Counters
+from radixcache.tenants.gate import TenantGate
 from radixcache.tiers.contract import NullTiers, Tiers
 from radixcache.transfer import PageAllocator
 from radixcache.tree.node import PageIds
@@ -45,10 +50,22 @@ class DeviceCapacity:
         self.counters = counters
         self.tree: RadixTree | None = None
         self.tiers: Tiers = NullTiers()
+        self.gate: TenantGate | None = None  # quotas: whom eviction is for, limits on loads
 
-    def bind(self, tree: RadixTree, tiers: Tiers) -> None:
+    def bind(self, tree: RadixTree, tiers: Tiers, gate: TenantGate | None = None) -> None:
         self.tree = tree
         self.tiers = tiers
+        self.gate = gate
+
+    def _evictable(self) -> int:
+        """What eviction may free for the current allocation: every
+        evictable page, or with quotas what floors leave (page-exact)."""
+        gate = self.gate
+        ev = None if gate is None else gate.eviction
+        if ev is None:
+            assert self.tree is not None
+            return self.tree.evictable_pages
+        return ev.takeable(gate.requester)  # type: ignore[union-attr]
 
     def allocate(self, n: int) -> PageIds:
         """``n`` device pages (see the ladder above); OutOfPagesError, with
@@ -62,11 +79,11 @@ class DeviceCapacity:
             self._refuse(n)  # more than every page not private to a request
         if not tiers.busy():
             pass  # nothing in flight to settle: evict or refuse
-        elif pool.free_count + tree.evictable_pages < n and tiers.settle_copies():
+        elif pool.free_count + self._evictable() < n and tiers.settle_copies():
             pass  # copies in flight pinned pages; once applied they may be free or evictable
-        while pool.free_count + tree.evictable_pages < n and tiers.busy() and tiers.drain():
+        while pool.free_count + self._evictable() < n and tiers.busy() and tiers.drain():
             pass  # abandoned fetches, stores under host-only children, ...
-        if pool.free_count + tree.evictable_pages >= n:
+        if pool.free_count + self._evictable() >= n:
             self.evict(n - pool.free_count)
             pages = pool.allocate(n)
             if pages is None and tiers.drain():
@@ -80,10 +97,13 @@ class DeviceCapacity:
     def _refuse(self, n: int) -> NoReturn:
         assert self.tree is not None
         self.counters.out_of_pages += 1
-        raise OutOfPagesError(n, self.pool.free_count, self.tree.evictable_pages)
+        raise OutOfPagesError(n, self.pool.free_count, self._evictable())
 
     def allocate_or_none(self, n: int) -> PageIds | None:
-        """``allocate(n)``, or None where it would raise (load-back asks this way)."""
+        """``allocate(n)``, or None where it would raise or where the
+        tenant's device limit leaves no room (load-back asks this way)."""
+        if self.gate is not None and not self.gate.load_room(n):
+            return None
         try:
             return self.allocate(n)
         except OutOfPagesError:
@@ -94,7 +114,12 @@ class DeviceCapacity:
         many; returns how many were freed (back in the pool)."""
         tree = self.tree
         assert tree is not None, "DeviceCapacity used before bind()"
-        freed = tree.evict(num_pages, self.tiers.before_device_drop).device_pages
+        gate = self.gate
+        ev = None if gate is None else gate.eviction
+        if ev is None:
+            freed = tree.evict(num_pages, self.tiers.before_device_drop).device_pages
+        else:
+            freed = ev.evict(num_pages, self.tiers.before_device_drop, gate.requester).device_pages  # type: ignore[union-attr]
         if freed.size:
             self.pool.free(freed)
             self.counters.evicted_pages += int(freed.size)

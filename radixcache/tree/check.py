@@ -118,7 +118,7 @@ def check_tree(
     )
     eviction = tree.eviction
     assert candidates == eviction.candidates, "eviction candidate set is out of date"
-    live_heap = {e[-1] for e in eviction.heap if isinstance(e[-1], Node) and e[-2] == e[-1].heap_seq}
+    live_heap = {e[-1] for e in eviction.entries() if isinstance(e[-1], Node) and e[-2] == e[-1].heap_seq}
     assert eviction.candidates <= live_heap, "an eviction candidate has no live heap entry"
     ids = _concat(seen_device)
     assert np.unique(ids).size == ids.size, "a device page is owned by two nodes"

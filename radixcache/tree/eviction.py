@@ -34,7 +34,7 @@ from radixcache.tree.policies import EvictionPolicy
 from radixcache.tree.lower import LowerTiers
 from radixcache.tree.node import EvictResult, Node, PageIds, concat_pages
 from radixcache.tree.recording import Recorder
-from radixcache.tree.removal import NodeRemoval
+from radixcache.tree.removal import NodeRemoval, PageLedger
 
 GPU: Final = "GPU"  # the device medium, as the recorder names it
 
@@ -43,6 +43,7 @@ class EvictedTree(Protocol):
     """What eviction uses of the tree it belongs to (``RadixTree``)."""
 
     page_size: int
+    ledger: PageLedger | None
     lower: LowerTiers
     recorder: Recorder
     device_pages: int  # counters eviction keeps exact as it drops pages
@@ -86,6 +87,10 @@ class DeviceEviction:
     def clear(self) -> None:
         self.candidates.clear()
         self.heap.clear()
+
+    def entries(self) -> list[tuple[object, ...]]:
+        """Every heap entry, superseded ones included (integrity checks)."""
+        return self.heap
 
     def _rebuild_heap(self) -> None:
         key = self.policy.key
@@ -181,6 +186,8 @@ class DeviceEviction:
         node.device = None
         tree.device_pages -= pages.size
         tree.evictable_pages -= pages.size
+        if tree.ledger is not None:
+            tree.ledger.sub_device(node.namespace, int(pages.size), True)
         self.candidates.discard(node)
         parent.device_children -= 1
         if not tree.lower.resident(node):  # (so it holds nothing below the device)

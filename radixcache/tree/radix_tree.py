@@ -43,7 +43,7 @@ from radixcache.keys.event_ids import EventIds
 from radixcache.keys.page_keys import PageKeys
 from radixcache.tree.check import check_tree
 from radixcache.tree.below import BelowDevice
-from radixcache.tree.removal import NodeRemoval
+from radixcache.tree.removal import NodeRemoval, PageLedger
 from radixcache.tree.recording import NullRecorder, Recorder
 from radixcache.tree.node import EMPTY_PAGES, EvictResult, InsertResult, MatchResult, Node
 from radixcache.tree.node import PageIds, TokenArray, common_len, concat_pages, first_page
@@ -80,6 +80,7 @@ class RadixTree:
         self.ids = EventIds(page_size)  # event ids of nodes (store jobs write them into records)
         self.recorder: Recorder = NullRecorder() if recorder is None else recorder
         self.lower: LowerTiers = NoLowerTiers() if lower is None else lower
+        self.ledger: PageLedger | None = None  # per-tenant counts (radixcache.tenants), if kept
         self.eviction = DeviceEviction(self, policy)  # candidates in policy order
         self.removal = NodeRemoval(self, self._roots)  # nodes leaving, namespaces forgotten
         self.below = BelowDevice(self, self._roots)  # edits of the tiers below the device
@@ -302,6 +303,8 @@ class RadixTree:
         node.device = np.concatenate([node.device, pages])
         self.device_pages += pages.size
         self.evictable_pages += pages.size
+        if self.ledger is not None:
+            self.ledger.add_device(node.namespace, int(pages.size), True)
 
     def attach_pages(self, node: Node, pages: PageIds) -> None:
         """Give ``node`` (without device pages) its device pages: counters
@@ -312,6 +315,8 @@ class RadixTree:
         self.device_pages += pages.size
         if node.lock_ref == 0:
             self.evictable_pages += pages.size
+        if self.ledger is not None:
+            self.ledger.add_device(node.namespace, int(pages.size), node.lock_ref == 0)
         parent.device_children += 1
         eviction = self.eviction
         eviction.candidates.discard(parent)

@@ -45,6 +45,15 @@ class Candidates(Protocol):
     def clear(self) -> None: ...
 
 
+class PageLedger(Protocol):
+    """Per-tenant device page counts a tree keeps exact when it has one
+    (``radixcache.tenants.TenantLedger``); the tree only reports to it."""
+
+    def add_device(self, namespace: Namespace, n: int, evictable: bool) -> None: ...
+    def sub_device(self, namespace: Namespace, n: int, evictable: bool) -> None: ...
+    def clear_device(self) -> None: ...
+
+
 class RemovedTree(Protocol):
     """What removal uses of the tree it belongs to (``RadixTree``)."""
 
@@ -54,6 +63,7 @@ class RemovedTree(Protocol):
     node_count: int  # counters removal keeps exact
     device_pages: int
     evictable_pages: int
+    ledger: PageLedger | None
 
     @property
     def eviction(self) -> Candidates: ...
@@ -92,6 +102,8 @@ class NodeRemoval:
             tree.recorder.removed(node, GPU)
             tree.device_pages -= node.device.size
             tree.evictable_pages -= node.device.size
+            if tree.ledger is not None:
+                tree.ledger.sub_device(node.namespace, int(node.device.size), True)
             dev.append(node.device)
         tree.lower.discard(node)
 
@@ -161,6 +173,8 @@ class NodeRemoval:
         tree.eviction.clear()
         tree.recorder.cleared()
         tree.device_pages = tree.evictable_pages = tree.node_count = 0
+        if tree.ledger is not None:
+            tree.ledger.clear_device()
         return concat_pages(dev)
 
     def all_roots(self) -> list[Node]:

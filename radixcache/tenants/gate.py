@@ -1,0 +1,112 @@
+"""Where the cache asks about tenants: admission counts, the device limit on
+inserts and load-backs, and whom an allocation evicts for.
+
+``TenantGate`` belongs to one ``RadixCache`` (owner thread). Without quotas
+it only counts (per-tenant requests and hit tokens); with them:
+
+* ``cap_insert``: a commit of tenant T that would take T's cached device
+  pages over its limit first evicts T's own unlocked pages (T's policy
+  order; the request's own prefix is still locked then), and what still
+  does not fit is not inserted: those pages stay private to the request
+  (freed at release, like pages a forgotten namespace cannot cache) and are
+  counted as dropped. The count of new pages is the request's computed
+  pages past its shared prefix, an upper bound (some may turn out to be
+  cached already), so a tenant never goes over its limit.
+* ``load_room``: a load back from the host or storage of n pages for T
+  makes room the same way, or is skipped (a miss: the request recomputes).
+* ``requester``: the tenant an allocation is for; the capacity ladder
+  evicts for it (``TenantEviction.evict``: floors hold against it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from radixcache.namespace import Namespace
+from radixcache.tenants.eviction import ANY, TenantEviction
+from radixcache.tenants.ledger import TenantLedger
+from radixcache.tree.node import Node, PageIds
+from radixcache.tree.radix_tree import RadixTree
+
+
+class TenantGate:
+    """Per-tenant admission counts and device limits of one cache."""
+
+    def __init__(self, tree: RadixTree, ledger: TenantLedger,
+                 free: Callable[[PageIds], None]) -> None:
+        self.tree = tree
+        self.ledger = ledger
+        self._free = free  # returns evicted device pages to the pool
+        self.before_drop: Callable[[Node], None] | None = None  # the tiers' backup hook
+        self.requester: object = ANY  # the tenant the current allocation is for
+        self.evicted_pages = 0  # device pages evicted by limits (for the cache's counter)
+
+    @property
+    def eviction(self) -> TenantEviction | None:
+        ev = self.tree.eviction
+        return ev if isinstance(ev, TenantEviction) else None
+
+    def serving(self, namespace: Namespace) -> None:
+        """The next allocations are for ``namespace``'s tenant."""
+        self.requester = self.ledger.key(namespace)
+
+    def admitted(self, namespace: Namespace, prompt: int, device: int, cached: int) -> None:
+        c = self.ledger.of(self.ledger.key(namespace))
+        c.requests += 1
+        c.prompt_tokens += prompt
+        c.device_hit_tokens += device
+        c.lower_hit_tokens += cached - device
+
+    def _make_room(self, key: object, limit: int, n: int) -> int:
+        """Evict ``key``'s own pages so ``n`` more fit under ``limit`` if they
+        can; returns how many of the ``n`` fit."""
+        ledger = self.ledger
+        held = ledger.device.get(key, 0)  # type: ignore[call-overload]
+        over = held + n - limit
+        ev = self.eviction
+        if over > 0 and ev is not None:
+            freed = ev.evict_own(key, over, self.before_drop).device_pages  # type: ignore[arg-type]
+            if freed.size:
+                self._free(freed)
+                self.evicted_pages += int(freed.size)
+            held = ledger.device.get(key, 0)  # type: ignore[call-overload]
+        return max(0, min(n, limit - held))
+
+    def cap_insert(self, namespace: Namespace, shared: int, full: int) -> int:
+        """How many leading pages of a commit of ``full`` pages (``shared``
+        of them in the tree already) may be cached under the tenant's limit."""
+        ledger = self.ledger
+        if ledger.book is None:
+            return full
+        key = ledger.key(namespace)
+        limit = ledger.book.get(key).device_pages
+        if limit is None or full <= shared:
+            return full
+        fit = self._make_room(key, limit, full - shared)
+        if fit < full - shared:
+            ledger.of(key).dropped_pages += full - shared - fit
+        return shared + fit
+
+    def load_room(self, n: int) -> bool:
+        """Whether ``n`` device pages may be loaded back for the requester
+        (its own pages evicted first where its limit needs it)."""
+        ledger = self.ledger
+        key = self.requester
+        if ledger.book is None or key is ANY:
+            return True
+        limit = ledger.book.get(key).device_pages  # type: ignore[arg-type]
+        if limit is None or self._make_room(key, limit, n) >= n:
+            return True
+        ledger.of(key).dropped_pages += n  # type: ignore[arg-type]
+        return False
+
+    def enforce(self, key: object) -> int:
+        """Evict ``key``'s own unlocked device pages down to its limit (after
+        a quota change); returns how many went."""
+        book = self.ledger.book
+        limit = None if book is None else book.get(key).device_pages  # type: ignore[arg-type]
+        if limit is None:
+            return 0
+        before = self.ledger.device.get(key, 0)  # type: ignore[call-overload]
+        self._make_room(key, limit, 0)
+        return before - self.ledger.device.get(key, 0)  # type: ignore[call-overload]

@@ -1,0 +1,150 @@
+"""What each tenant holds and did: exact page counts per tier, and counters.
+
+``TenantLedger`` belongs to one cache (owner thread). The tree keeps its
+device counts exact as pages come and go (attach, extend, drop, removal,
+reset); with quotas on, also the evictable (unlocked) device pages per
+tenant, which the allocation ladder needs to know what eviction may take
+for whom. The host tier keeps ``host`` likewise. Nothing here decides
+anything: ``radixcache.tenants.eviction`` and the cache read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from radixcache.namespace import Namespace
+from radixcache.tenants.quota import QuotaBook, TenantKey, TenantQuota, tenant_label
+
+
+@dataclass(slots=True)
+class TenantCounters:
+    """Monotonic per-tenant counters (pages and tokens)."""
+
+    requests: int = 0  # requests admitted
+    prompt_tokens: int = 0  # tokens of their prompts
+    device_hit_tokens: int = 0  # found on the device at admission
+    lower_hit_tokens: int = 0  # found on the host or in storage at admission
+    own_evicted_pages: int = 0  # device pages evicted to keep the tenant within its limit
+    pressure_evicted_pages: int = 0  # device pages evicted to make room (any tenant's request)
+    dropped_pages: int = 0  # device pages not cached because the tenant was at its limit
+    host_own_evicted_pages: int = 0  # host pages evicted to keep it within its host limit
+    host_pressure_evicted_pages: int = 0  # host pages evicted to make room
+    host_dropped_pages: int = 0  # backups to the host not made: at its host limit
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    """One tenant's snapshot (``RadixCache.tenant_stats``)."""
+
+    tenant: str  # the salt as events carry it; "(none)" for no salt
+    quota: TenantQuota
+    device_pages: int  # cached device pages now
+    host_pages: int  # host-pool pages now
+    counters: TenantCounters  # a copy
+
+    @property
+    def hit_ratio(self) -> float:
+        """Share of prompt tokens found cached (any tier) at admission."""
+        c = self.counters
+        return (c.device_hit_tokens + c.lower_hit_tokens) / c.prompt_tokens if c.prompt_tokens else 0.0
+
+
+class TenantLedger:
+    """Per-tenant page counts of one cache, and its per-tenant counters."""
+
+    def __init__(self, book: QuotaBook | None) -> None:
+        self.book = book  # None: no quotas (counts and counters only)
+        self.device: dict[TenantKey, int] = {}  # cached device pages
+        self.evictable: dict[TenantKey, int] = {}  # of those, unlocked (with quotas only)
+        self.host: dict[TenantKey, int] = {}  # host-pool pages
+        self.counters: dict[TenantKey, TenantCounters] = {}
+        self._keys: dict[Namespace, TenantKey] = {}
+
+    @property
+    def quotas_on(self) -> bool:
+        return self.book is not None
+
+    def key(self, namespace: Namespace) -> TenantKey:
+        key = self._keys.get(namespace, _MISSING)
+        if key is _MISSING:
+            key = self._keys[namespace] = namespace.tenant
+        return key  # type: ignore[return-value]
+
+    def of(self, key: TenantKey) -> TenantCounters:
+        c = self.counters.get(key)
+        if c is None:
+            c = self.counters[key] = TenantCounters()
+        return c
+
+    def quota(self, key: TenantKey) -> TenantQuota:
+        return self.book.get(key) if self.book is not None else _NONE
+
+    # ------------------------------------------------------------------ device counts
+    def add_device(self, namespace: Namespace, n: int, evictable: bool) -> None:
+        key = self.key(namespace)
+        d = self.device
+        d[key] = d.get(key, 0) + n
+        if evictable and self.book is not None:
+            e = self.evictable
+            e[key] = e.get(key, 0) + n
+
+    def sub_device(self, namespace: Namespace, n: int, evictable: bool) -> None:
+        key = self.key(namespace)
+        d = self.device
+        left = d[key] - n
+        if left:
+            d[key] = left
+        else:
+            del d[key]
+        if evictable and self.book is not None:
+            e = self.evictable
+            left = e[key] - n
+            if left:
+                e[key] = left
+            else:
+                del e[key]
+
+    def lock_change(self, namespace: Namespace, n: int) -> None:
+        """``n`` device pages of the tenant became evictable (n > 0) or locked."""
+        key = self.key(namespace)
+        e = self.evictable
+        left = e.get(key, 0) + n
+        if left:
+            e[key] = left
+        else:
+            del e[key]
+
+    def clear_device(self) -> None:
+        self.device.clear()
+        self.evictable.clear()
+
+    # ------------------------------------------------------------------ host counts
+    def add_host(self, namespace: Namespace, n: int) -> None:
+        key = self.key(namespace)
+        self.host[key] = self.host.get(key, 0) + n
+
+    def sub_host(self, namespace: Namespace, n: int) -> None:
+        key = self.key(namespace)
+        left = self.host[key] - n
+        if left:
+            self.host[key] = left
+        else:
+            del self.host[key]
+
+    # ------------------------------------------------------------------ views
+    def stats(self) -> dict[str, TenantStats]:
+        keys = set(self.device) | set(self.host) | set(self.counters)
+        if self.book is not None:
+            keys |= {k for k, _ in self.book.items()}
+        out: dict[str, TenantStats] = {}
+        for key in keys:
+            c = self.counters.get(key) or TenantCounters()
+            copy = TenantCounters(*(getattr(c, f.name) for f in fields(TenantCounters)))
+            label = tenant_label(key)
+            out[label] = TenantStats(label, self.quota(key), self.device.get(key, 0),
+                                     self.host.get(key, 0), copy)
+        return out
+
+
+_MISSING = object()
+_NONE = TenantQuota()
