@@ -43,7 +43,7 @@ from radixcache.transfer import KVSpec
 # table -> (its dataclass, fields that are other tables)
 TABLES: dict[str, tuple[type, tuple[str, ...]]] = {
     "spec": (KVSpec, ()),
-    "cache": (CacheConfig, ("spec", "tiers")),
+    "cache": (CacheConfig, ("spec", "tiers", "quotas")),
     "host": (HostPoolConfig, ()),
     "tiers": (TierConfig, ("host", "storage")),
     "events": (PublisherConfig, ()),
