@@ -160,3 +160,23 @@ def test_quota_values_and_json_are_checked() -> None:
     cache.tenants.set_quota("b", TenantQuota(device_pages=1))
     assert book.get(tenant_key("b")).device_pages == 8  # the cache has its own copy
     assert isinstance(book, QuotaBook)
+
+
+def test_the_readme_example_runs() -> None:
+    """The Python block of the README's "Tenants and quotas" section, with a
+    small ``spec`` (the only name it leaves to the reader)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = text.split("## Tenants and quotas", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None, "the section has no python example"
+    spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=P)
+    scope: dict[str, object] = {"spec": spec}
+    exec(compile(code.group(1), "README.md", "exec"), scope)
+    cache = scope["cache"]
+    assert isinstance(cache, RadixCache)
+    assert cache.tenants.quota("tenant-b").device_pages == 512
+    assert cache.tenants.quota("tenant-a").device_floor == 1024
+    assert cache.tenants.quota("zzz").device_pages == 1024
