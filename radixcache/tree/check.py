@@ -28,7 +28,8 @@ class CheckedEviction(Protocol):
     """The tree's eviction candidates and heap (``DeviceEviction``)."""
 
     candidates: set[Node]
-    heap: list[tuple[object, ...]]
+
+    def entries(self) -> list[tuple[object, ...]]: ...
 
 
 class CheckedTree(Protocol):

@@ -139,3 +139,20 @@ def test_quick_or_loaded_runs_say_their_figures_are_not_the_measurement() -> Non
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["note"].startswith("not the measurement: a --quick smoke run")
+
+
+def test_bench_storage_runs_without_the_encryption_extra_and_says_what_it_skipped() -> None:
+    """On a plain install (no cryptography) the clear figures still run; the
+    sealed ones are reported as skipped, never as a traceback."""
+    code = ("import sys; sys.modules['cryptography'] = None\n"
+            "from radixcache.cli import main\n"
+            "sys.exit(main(['bench', 'storage', '--quick']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    for spec in report["specs"].values():
+        assert spec["sealing_cpu"]["skipped"].startswith("skipped: cryptography is not installed")
+        assert "lmdb_sealed" not in spec["write"] and "lmdb_safe" in spec["write"]
+        assert spec["ratios"]["sealed_write_vs_clear"] is None
+        assert spec["ratios"]["lmdb_write_vs_seq_fsync"] > 0
