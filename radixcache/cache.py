@@ -41,7 +41,6 @@ from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters, snapshot
 from radixcache.tenants.api import Tenants
-from radixcache.tenants.eviction import ANY
 from radixcache.tenants.gate import TenantGate
 from radixcache.tenants.ledger import TenantLedger
 from radixcache.tiers.config import TierStats
@@ -270,7 +269,7 @@ class RadixCache:
         self._check_open()
         if type(num_pages) is not int or num_pages < 0:
             raise ValueError(f"evict takes a non-negative int, got {num_pages!r}")
-        self._gate.requester = ANY  # nobody's pressure: floors hold against every tenant
+        self._gate.serving(None)  # nobody's pressure: floors hold against every tenant
         return self._capacity.evict(num_pages)
 
     def _free_evicted(self, pages: PageIds) -> None:

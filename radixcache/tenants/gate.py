@@ -38,7 +38,7 @@ class TenantGate:
         self.ledger = ledger
         self._free = free  # returns evicted device pages to the pool
         self.before_drop: Callable[[Node], None] | None = None  # the tiers' backup hook
-        self.requester: object = ANY  # the tenant the current allocation is for
+        self._serving: Namespace | None = None  # whose allocations come next; None: nobody's
         self.evicted_pages = 0  # device pages evicted by limits (for the cache's counter)
 
     @property
@@ -46,12 +46,19 @@ class TenantGate:
         ev = self.tree.eviction
         return ev if isinstance(ev, TenantEviction) else None
 
-    def serving(self, namespace: Namespace) -> None:
-        """The next allocations are for ``namespace``'s tenant."""
-        self.requester = self.ledger.key(namespace)
+    def serving(self, namespace: Namespace | None) -> None:
+        """The next allocations are for ``namespace``'s tenant (None: for
+        nobody, e.g. the runner's ``evict``: every floor holds)."""
+        self._serving = namespace  # (resolved only when eviction needs it)
+
+    @property
+    def requester(self) -> object:
+        """The tenant the current allocation is for, or ``ANY`` (nobody's)."""
+        ns = self._serving
+        return ANY if ns is None else self.ledger.key(ns)
 
     def admitted(self, namespace: Namespace, prompt: int, device: int, cached: int) -> None:
-        c = self.ledger.of(self.ledger.key(namespace))
+        c = self.ledger.counters_of(namespace)
         c.requests += 1
         c.prompt_tokens += prompt
         c.device_hit_tokens += device

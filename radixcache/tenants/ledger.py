@@ -59,6 +59,7 @@ class TenantLedger:
         self.host: dict[TenantKey, int] = {}  # host-pool pages
         self.counters: dict[TenantKey, TenantCounters] = {}
         self._keys: dict[Namespace, TenantKey] = {}
+        self._by_ns: dict[Namespace, TenantCounters] = {}
 
     @property
     def quotas_on(self) -> bool:
@@ -74,6 +75,13 @@ class TenantLedger:
         c = self.counters.get(key)
         if c is None:
             c = self.counters[key] = TenantCounters()
+        return c
+
+    def counters_of(self, namespace: Namespace) -> TenantCounters:
+        """``of(key(namespace))`` in one lookup (admission calls it per request)."""
+        c = self._by_ns.get(namespace)
+        if c is None:
+            c = self._by_ns[namespace] = self.of(self.key(namespace))
         return c
 
     def quota(self, key: TenantKey) -> TenantQuota:
