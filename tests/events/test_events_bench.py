@@ -20,3 +20,15 @@ def test_events_bench_measures_every_part() -> None:
     plain = bench_two_process(per_batch=4, total=60, plain=True, cores=cores)
     assert plain["pages"] == 60 * 4 * 16
     assert os.sched_getaffinity(0) == set(usable), "the benchmark gives this process its cores back"
+
+
+def test_the_busy_owner_figure_times_both_sends() -> None:
+    """``bench events`` (f): both sends measured in the same run; the figure
+    itself (how much slower pyzmq's send is) is the benchmark's to report."""
+    from radixcache.cli.bench.events import bench_busy_owner
+
+    figure = bench_busy_owner(sends=50, rounds=1)
+    assert figure["sends"] == 50 and isinstance(figure["keeps_gil"], bool)
+    assert figure["gil_keeping_s"] > 0 and figure["pyzmq_send_s"] > 0
+    ratio = figure["pyzmq_send_s"] / figure["gil_keeping_s"]  # (of the rounded times)
+    assert abs(figure["pyzmq_over_gil_keeping"] - ratio) <= 0.05 * ratio + 0.1

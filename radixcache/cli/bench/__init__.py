@@ -65,3 +65,19 @@ def rate(nbytes: int, pages: int, runs: list[float]) -> dict[str, Any]:
         "seconds": round(seconds, 4),
         "runs_s": [round(t, 4) for t in runs],
     }
+
+
+def pin_cores(value: str, error: Callable[[str], Any]) -> tuple[int, int] | None:
+    """``--cores`` of a two-process benchmark: ``auto`` (the first two usable
+    cores, None with fewer), ``none``, or ``A,B``; ``error`` reports a bad value."""
+    if value == "none":
+        return None
+    if value == "auto":
+        usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        return (usable[0], usable[1]) if len(usable) >= 2 else None
+    try:
+        a, b = (int(x) for x in value.split(","))
+    except ValueError:
+        error(f"--cores needs two core numbers like 0,1, got {value!r}")
+        raise
+    return a, b
