@@ -30,6 +30,8 @@ class CheckedEviction(Protocol):
     candidates: set[Node]
     heap: list[tuple[object, ...]]
 
+    def entries(self) -> list[tuple[object, ...]]: ...
+
 
 class CheckedTree(Protocol):
     """What the check reads of a ``RadixTree``."""
