@@ -31,6 +31,16 @@ to device), and ``kv_offload_tiering_write_bytes`` / ``_write_time`` /
 ``_read_bytes`` / ``_read_time`` with ``tier="storage"`` (host to storage and
 back, vLLM's primary-to-secondary tier names).
 
+Per tenant (``cache.tenants.stats()``), series labelled ``tenant``:
+``tenant_requests``, ``tenant_prompt_tokens``, ``tenant_prefix_cache_hits``,
+``tenant_hit_tokens{tier=device|lower}``,
+``tenant_evicted_pages{tier=device|host,cause=own_quota|pressure}``,
+``tenant_dropped_pages{tier}`` (counters), ``tenant_cached_pages{tier}`` and
+``tenant_cached_bytes{tier}`` (gauges). Only the busiest tenants (by
+cumulative prompt tokens, ``MetricsExporter(tenant_labels=20)``) get a label
+of their own; the rest are summed under ``tenant="other"`` in a way that
+keeps every counter monotonic (``radixcache.metrics.tenant_series``).
+
 For those who do not run Prometheus, ``snapshot()`` returns the same figures
 as a flat dict (a histogram as its ``_count`` and ``_sum``).
 """
@@ -43,5 +53,8 @@ from radixcache.metrics.samples import (
     snapshot,
     token_series,
 )
+from radixcache.metrics.tenant_series import TenantSeries
 
-__all__ = ["Histogram", "MetricsExporter", "Sample", "collect", "snapshot", "token_series"]
+__all__ = [
+    "Histogram", "MetricsExporter", "Sample", "TenantSeries", "collect", "snapshot", "token_series",
+]

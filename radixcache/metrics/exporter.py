@@ -9,16 +9,23 @@ from typing import Any
 from radixcache.cache import RadixCache
 from radixcache.events.publisher import EventPublisher
 from radixcache.metrics.samples import Histogram, Sample, collect
+from radixcache.metrics.tenant_series import DEFAULT_TENANT_LABELS, TenantSeries
 
 
 class MetricsExporter:
-    """Serves the latest ``update()`` snapshot in the Prometheus text format."""
+    """Serves the latest ``update()`` snapshot in the Prometheus text format.
+
+    ``tenant_labels``: how many tenants get a ``tenant`` label of their own
+    on the per-tenant series (the busiest by cumulative prompt tokens; the
+    rest are summed under ``tenant="other"``; see
+    ``radixcache.metrics.tenant_series``)."""
 
     def __init__(
         self,
         cache: RadixCache,
         publisher: EventPublisher | None = None,
         namespace: str = "radixcache",
+        tenant_labels: int = DEFAULT_TENANT_LABELS,
     ) -> None:
         try:
             from prometheus_client import CollectorRegistry
@@ -26,6 +33,7 @@ class MetricsExporter:
             raise ImportError(
                 "metrics need prometheus-client: pip install 'radixcache[metrics]'"
             ) from err
+        self.tenants = TenantSeries(tenant_labels)  # validates tenant_labels
         self.cache = cache
         self.publisher = publisher
         self.namespace = namespace
@@ -38,7 +46,7 @@ class MetricsExporter:
 
     def update(self) -> None:
         """Take a fresh snapshot. Owner thread only."""
-        samples = collect(self.cache, self.publisher)
+        samples = collect(self.cache, self.publisher, self.tenants)
         with self._lock:
             self._samples = samples
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from radixcache.cache import RadixCache
 from radixcache.events.publisher import EventPublisher
+from radixcache.metrics.tenant_series import TenantSeries
 from radixcache.offload import LATENCY_BOUNDS_S, LatencyHistogram
 
 
@@ -54,8 +55,15 @@ JOB_SECONDS = {
 }
 
 
-def collect(cache: RadixCache, publisher: EventPublisher | None = None) -> list[Sample]:
-    """Every metric's current value. Owner thread only."""
+def collect(
+    cache: RadixCache,
+    publisher: EventPublisher | None = None,
+    tenants: TenantSeries | None = None,
+) -> list[Sample]:
+    """Every metric's current value. Owner thread only. ``tenants`` keeps the
+    per-tenant series' label set and ``other`` sums from call to call (an
+    exporter passes its own); None: a fresh one (the busiest tenants by
+    prompt tokens, ``other`` their totals)."""
     s = cache.stats()
     out: list[Sample] = [
         ("requests", "counter", "Requests admitted", {}, s.requests),
@@ -119,6 +127,8 @@ def collect(cache: RadixCache, publisher: EventPublisher | None = None) -> list[
                  {}, cache.tree.recorder.unknown_removals),
             ]
     out += token_series(cache)
+    series = tenants if tenants is not None else TenantSeries()
+    out += series.samples(cache.tenants.stats(), cache.spec.page_bytes)
     if publisher is not None:
         p = publisher.stats()
         out += [
