@@ -31,8 +31,6 @@ class CheckedEviction(Protocol):
 
     def entries(self) -> list[tuple[object, ...]]: ...
 
-    def entries(self) -> list[tuple[object, ...]]: ...
-
 
 class CheckedTree(Protocol):
     """What the check reads of a ``RadixTree``."""
