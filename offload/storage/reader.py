@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Generator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.transfer.workers import DaemonPool
 from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.offload.storage.contract import StorageError, StorageUnavailable
 from radixcache.offload.storage.crypt.codec import Unreadable
@@ -70,7 +70,7 @@ class PageReader:
         self._writer = writer  # deletes records that fail verification
         self._where = writer.where  # the store, for messages
         self._counters = writer.counters  # the store's counters
-        self._pool = ThreadPoolExecutor(num_readers, thread_name_prefix=thread_name)
+        self._pool = DaemonPool(num_readers, thread_name)
         self.unavailable = 0  # reads cut short because the store was unreachable
         self._warn = RateLimitedLog(log)  # unreadable records repeat under load
 

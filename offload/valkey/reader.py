@@ -28,13 +28,14 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Generator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.transfer.workers import DaemonPool
 from radixcache.offload.storage import DeleteJob, JobWriter, PageReader, ReadJob, StoredValue
 from radixcache.offload.storage.reader import Page
 from radixcache.offload.valkey.bulk import SHORT, Destination, ErrorReply, Value
@@ -161,9 +162,7 @@ class PoolReader(PageReader):
         self._hints = hints
         self._suspects = suspects
         self._batch = config.batch_pages  # pages per round trip (about)
-        self._fetcher = ThreadPoolExecutor(
-            config.num_readers, thread_name_prefix="radixcache-pool-fetch"
-        )
+        self._fetcher = DaemonPool(config.num_readers, "radixcache-pool-fetch")
 
     def close(self) -> None:
         super().close()

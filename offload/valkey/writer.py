@@ -34,13 +34,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.transfer.workers import DaemonPool
 from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.offload.storage import (
     Counters,
@@ -134,7 +134,7 @@ class PoolWriter(JobWriter):
         self._after_job = after_job
         self._refused = RateLimitedLog(log)  # puts refused by a full pool repeat
         self._ahead = threading.BoundedSemaphore(_AHEAD)
-        self._sender = ThreadPoolExecutor(1, thread_name_prefix="radixcache-pool-send")
+        self._sender = DaemonPool(1, "radixcache-pool-send")
         self.unavailable = 0  # jobs cut short because the pool (or a node) was down
         super().__init__(  # one job per step: a put pipelines its own chunks
             where, counters, removals, merge_pages=1, thread_name="radixcache-pool-write"
