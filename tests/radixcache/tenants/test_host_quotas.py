@@ -322,3 +322,41 @@ def test_without_quotas_host_allocation_is_unchanged_and_counts_stay_exact() -> 
     with pytest.raises(ValueError, match="quotas are off"):
         cache.tenants.set_quota("a", TenantQuota(host_pages=1))
     cache.close()
+
+
+def test_random_steps_keep_counts_limits_floors_and_the_event_stream() -> None:
+    """Three tenants with host limits and floors on a small host pool (the
+    device never evicts: every host eviction is a quota's or the pool's),
+    random prompts sharing prefixes, jobs landing now or later. After every
+    step: ``check`` (integrity, ledger against a recount, limits); no tenant
+    below its floor because of another tenant; a consumer applying the host
+    events holds exactly as many host pages as the tree."""
+    rng = np.random.default_rng(7)
+    quotas = {None: TenantQuota(host_pages=6, host_floor=3), "a": TenantQuota(host_floor=4),
+              "b": TenantQuota(host_pages=5)}
+    floors = {"(none)": 3, "a": 4, "b": 0}
+    cache = make(quotas, host_pages=12, device_pages=320, events=True)
+    tenants = [Namespace(), A, B]
+    on_host_events: set[int] = set()
+    for _ in range(150):
+        ns = tenants[int(rng.integers(3))]
+        before = recount(cache)
+        serve(cache, ns, prompt(int(rng.integers(20)), int(rng.integers(1, 5))),
+              drain=bool(rng.integers(2)))
+        after = check(cache)
+        me = tenant_label(ns.tenant)
+        for label, had in before.items():
+            if label != me:
+                assert after.get(label, 0) >= min(had, floors[label]), (label, had, after)
+        for e in cache.take_events():
+            if isinstance(e, BlockStored) and e.medium == HOST:
+                on_host_events.update(e.block_hashes)
+            elif isinstance(e, BlockRemoved) and e.medium == HOST:
+                on_host_events.difference_update(e.block_hashes)
+        assert len(on_host_events) == sum(after.values())
+    assert cache.stats().evicted_pages == 0  # (the device never had to evict)
+    c = {k: s.counters for k, s in cache.tenants.stats().items()}
+    assert c["(none)"].host_own_evicted_pages > 0 and c["b"].host_own_evicted_pages > 0
+    assert sum(x.host_pressure_evicted_pages for x in c.values()) > 0
+    assert sum(x.host_dropped_pages for x in c.values()) > 0
+    cache.close()
