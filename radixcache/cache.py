@@ -84,6 +84,7 @@ class RadixCache:
         self.tiers: Tiers = built.tiers
         self._gate = TenantGate(self.tree, ledger, self._free_evicted)
         self._gate.before_drop = self.tiers.before_device_drop
+        self._gate.host = built.host_quota  # host limits, enforced by set_quota too
         self._capacity.bind(self.tree, self.tiers, self._gate)
         self.tenants = Tenants(self._gate, self._check_open)  # quotas and per-tenant stats
         self._bulk = CacheBulk(self.tree, self.pool, self.tiers, self._live, self._forgets)

@@ -26,6 +26,7 @@ from radixcache.tiers.host_tiers import AllocateDevice, HostTiers
 from radixcache.transfer import DeviceKVBuffer, KVSpec
 from radixcache.tree.radix_tree import RadixTree
 from radixcache.tenants.device import attach
+from radixcache.tenants.host import HostQuota, attach_host
 from radixcache.tenants.ledger import TenantLedger
 from radixcache.tenants.quota import QuotaBook, TenantQuota
 
@@ -99,6 +100,7 @@ class CacheIndex:
     tree: RadixTree  # the index, device residency, locks; its recorder records events
     tiers: Tiers  # the tiers below the device (``NullTiers``: none)
     recorder: EventSink  # what the tree and the tiers report; ``take_events`` drains it
+    host_quota: HostQuota | None = None  # host limits and floors (quotas on, a host tier)
 
 
 def build_index(
@@ -124,7 +126,7 @@ def build_index(
         return CacheIndex(tree, NullTiers(), recorder)
     assert kv is not None
     host = HostPool(config.spec, config.tiers.host, config.num_device_pages)
-    index = HostIndex(host, recorder, page_size, policy)
+    index = HostIndex(host, recorder, page_size, policy, ledger)
     tree = RadixTree(page_size, policy, recorder, index)
     attach(tree, ledger)
     tiers = HostTiers(
@@ -136,6 +138,7 @@ def build_index(
         allocate_device,
         free_device,
     )
+    host_quota = attach_host(tiers, ledger)
     if config.record_events:  # what storage kept from an earlier run, for routers
         announce_survivors(tiers.storage, recorder, page_size)
-    return CacheIndex(tree, tiers, recorder)
+    return CacheIndex(tree, tiers, recorder, host_quota)

@@ -40,8 +40,9 @@ class Tenants:
         A lowered device limit is enforced now: the tenant's own unlocked
         device pages are evicted (its policy order, announced as removals)
         until it fits; pages live requests hold cannot go and count until
-        released, and its next insert makes room again. Returns the device
-        pages evicted. TypeError / ValueError for a bad salt or quota
+        released, and its next insert makes room again. A lowered host
+        limit likewise evicts its own host copies (counted in
+        ``host_own_evicted_pages``). Returns the device pages evicted. TypeError / ValueError for a bad salt or quota
         (nothing changed), ValueError if the cache runs without quotas."""
         book = self._book()
         key = tenant_key(salt)  # validates the salt first
@@ -59,7 +60,9 @@ class Tenants:
             raise TypeError(f"quota must be a TenantQuota, got {type(quota).__name__}")
         book.default = quota
         own = {k for k, _ in book.items()}
-        return sum(self._gate.enforce(k) for k in list(self._gate.ledger.device) if k not in own)
+        ledger = self._gate.ledger
+        tenants = {*ledger.device, *ledger.host, *ledger.host_in_flight} - own
+        return sum(self._gate.enforce(k) for k in tenants)
 
     def stats(self) -> dict[str, TenantStats]:
         """Per tenant (named as events name its salt; ``(none)``: no salt):

@@ -16,6 +16,9 @@ it only counts (per-tenant requests and hit tokens); with them:
   makes room the same way, or is skipped (a miss: the request recomputes).
 * ``requester``: the tenant an allocation is for; the capacity ladder
   evicts for it (``TenantEviction.evict``: floors hold against it).
+* ``enforce``: after a quota change, the tenant's device pages and (with a
+  host tier: ``host``, radixcache/tenants/host.py) its host copies are
+  evicted down to its new limits.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable
 
 from radixcache.namespace import Namespace
 from radixcache.tenants.eviction import ANY, TenantEviction
+from radixcache.tenants.host import HostQuota
 from radixcache.tenants.ledger import TenantLedger
 from radixcache.tree.node import Node, PageIds
 from radixcache.tree.radix_tree import RadixTree
@@ -40,6 +44,7 @@ class TenantGate:
         self.before_drop: Callable[[Node], None] | None = None  # the tiers' backup hook
         self._serving: Namespace | None = None  # whose allocations come next; None: nobody's
         self.evicted_pages = 0  # device pages evicted by limits (for the cache's counter)
+        self.host: HostQuota | None = None  # host limits (quotas on, with a host tier)
 
     @property
     def eviction(self) -> TenantEviction | None:
@@ -108,12 +113,17 @@ class TenantGate:
         return False
 
     def enforce(self, key: object) -> int:
-        """Evict ``key``'s own unlocked device pages down to its limit (after
-        a quota change); returns how many went."""
+        """Evict ``key``'s own unlocked device pages down to its limit, and
+        its own host copies down to its host limit (after a quota change;
+        counted in its ``host_own_evicted_pages``); returns the device pages
+        that went."""
         book = self.ledger.book
         limit = None if book is None else book.get(key).device_pages  # type: ignore[arg-type]
-        if limit is None:
-            return 0
-        before = self.ledger.device.get(key, 0)  # type: ignore[call-overload]
-        self._make_room(key, limit, 0)
-        return before - self.ledger.device.get(key, 0)  # type: ignore[call-overload]
+        went = 0
+        if limit is not None:
+            before = self.ledger.device.get(key, 0)  # type: ignore[call-overload]
+            self._make_room(key, limit, 0)
+            went = before - self.ledger.device.get(key, 0)  # type: ignore[call-overload]
+        if self.host is not None:  # after the device: its evictions may back pages up
+            self.host.enforce(key)  # type: ignore[arg-type]
+        return went

@@ -4,12 +4,18 @@
 device counts exact as pages come and go (attach, extend, drop, removal,
 reset); with quotas on, also the evictable (unlocked) device pages per
 tenant, which the allocation ladder needs to know what eviction may take
-for whom. The host tier keeps ``host`` likewise. Nothing here decides
-anything: ``radixcache.tenants.eviction`` and the cache read it.
+for whom. The host tier keeps ``host`` likewise (``HostIndex``: every host
+copy attached, dropped or discarded) and, with quotas on, ``host_in_flight``:
+host pages allocated for a tenant's backup or fetch that has not landed yet
+(reserved by ``radixcache.tenants.host``, settled by the job when it lands),
+so that jobs in flight cannot take a tenant past its host limit together.
+Nothing here decides anything: ``radixcache.tenants.eviction``,
+``radixcache.tenants.host`` and the cache read it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
 from radixcache.namespace import Namespace
@@ -56,7 +62,8 @@ class TenantLedger:
         self.book = book  # None: no quotas (counts and counters only)
         self.device: dict[TenantKey, int] = {}  # cached device pages
         self.evictable: dict[TenantKey, int] = {}  # of those, unlocked (with quotas only)
-        self.host: dict[TenantKey, int] = {}  # host-pool pages
+        self.host: dict[TenantKey, int] = {}  # host-pool pages (attached host copies)
+        self.host_in_flight: dict[TenantKey, int] = {}  # reserved for jobs (with quotas only)
         self.counters: dict[TenantKey, TenantCounters] = {}
         self._keys: dict[Namespace, TenantKey] = {}
         self._by_ns: dict[Namespace, TenantCounters] = {}
@@ -128,16 +135,69 @@ class TenantLedger:
 
     # ------------------------------------------------------------------ host counts
     def add_host(self, namespace: Namespace, n: int) -> None:
-        key = self.key(namespace)
-        self.host[key] = self.host.get(key, 0) + n
+        key = self._keys.get(namespace)  # ``key`` inlined (every host copy comes here)
+        if key is None and namespace.salt is not None:
+            key = self.key(namespace)
+        h = self.host
+        h[key] = h.get(key, 0) + n
 
     def sub_host(self, namespace: Namespace, n: int) -> None:
-        key = self.key(namespace)
-        left = self.host[key] - n
+        key = self._keys.get(namespace)
+        if key is None and namespace.salt is not None:
+            key = self.key(namespace)
+        h = self.host
+        left = h[key] - n
         if left:
-            self.host[key] = left
+            h[key] = left
         else:
-            del self.host[key]
+            del h[key]
+
+    def reserve_host(self, namespace: Namespace, n: int) -> None:
+        """``n`` host pages were allocated for a job of the tenant (quotas on)."""
+        key = self.key(namespace)
+        f = self.host_in_flight
+        f[key] = f.get(key, 0) + n
+
+    def settle_host(self, namespace: Namespace, n: int) -> None:
+        """A job's ``n`` reserved host pages landed (attached: counted in
+        ``host`` now) or went back to the pool. No-op without quotas (nothing
+        was reserved)."""
+        if self.book is None:
+            return
+        key = self.key(namespace)
+        f = self.host_in_flight
+        left = f[key] - n
+        if left:
+            f[key] = left
+        else:
+            del f[key]
+
+    def clear_host(self) -> None:
+        self.host.clear()
+        self.host_in_flight.clear()
+
+    def check_host(
+        self, held: Mapping[Namespace, int], in_flight: Iterable[tuple[Namespace, int]]
+    ) -> None:
+        """AssertionError unless ``host`` equals ``held`` (host pages of the
+        tree's nodes, per namespace) and, with quotas, ``host_in_flight``
+        equals ``in_flight`` (what live jobs reserved), summed per tenant."""
+        want: dict[TenantKey, int] = {}
+        for namespace, n in held.items():
+            if n:
+                key = self.key(namespace)
+                want[key] = want.get(key, 0) + n
+        assert self.host == want, f"ledger host pages {self.host} != the tree's {want}"
+        if self.book is None:
+            return
+        flying: dict[TenantKey, int] = {}
+        for namespace, n in in_flight:
+            if n:
+                key = self.key(namespace)
+                flying[key] = flying.get(key, 0) + n
+        assert self.host_in_flight == flying, (
+            f"ledger host pages in flight {self.host_in_flight} != the jobs' {flying}"
+        )
 
     # ------------------------------------------------------------------ views
     def stats(self) -> dict[str, TenantStats]:

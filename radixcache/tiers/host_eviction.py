@@ -19,7 +19,7 @@ at the start of the next eviction that finds them free). An entry whose key
 went stale (the node was used since) comes out early, since policy keys
 never decrease, and is pushed again with its key of now. A node that comes
 out as an inner node without device pages is no victim and is untracked: it
-becomes one only when its last child leaves (``HostTiers.allocate_host``
+becomes one only when its last child leaves (``HostTiers.evict_host_copy``
 tracks the parent of every leaf it removes) or when it gets device pages
 again (a load lands, an insert adopts it: both track it). The invariant,
 checked by ``check_integrity``::
@@ -28,7 +28,10 @@ checked by ``check_integrity``::
 
 Cost: ``take`` pops O(victims + stale entries) entries at O(log n) each, plus
 one look at each parked node; nothing walks the tree. Owner thread only;
-mutates only itself (``HostIndex`` drops the copies it hands out).
+mutates only itself (``HostIndex`` drops the copies it hands out). With
+quotas, ``radixcache.tenants.host_eviction.TenantHostEviction`` keeps the
+same victims in one heap per tenant (``_push``, ``_rebuild``, ``_entries``
+are what it replaces).
 """
 
 from __future__ import annotations
@@ -94,28 +97,58 @@ class HostEviction:
     def victims(self) -> Iterator[Node]:
         """Victims in policy order, lazily: each one yielded is untracked (the
         caller drops its host copy before asking for the next one)."""
+        self.refresh()
+        heap = self.heap
+        while self._front(heap) is not None:
+            yield self._take(heap)
+
+    def refresh(self) -> None:
+        """Before a pass of takes: parked nodes that are free again go back
+        into the heap; a heap of mostly superseded entries is rebuilt."""
         self._unpark()
-        if len(self.heap) > 2 * len(self.seq) + 64:
+        if self._entry_count() > 2 * len(self.seq) + 64:
             self._rebuild()  # mostly superseded entries: cheaper to start over
-        heap, seq, key = self.heap, self.seq, self.policy.key
+
+    def _front(self, heap: list[tuple[object, ...]]) -> tuple[object, ...] | None:
+        """The first entry of ``heap`` whose node is a victim now, left in
+        ``heap``; None if there is none. Entries before it are taken out on
+        the way: superseded ones dropped, stale keys pushed again with their
+        key of now, nodes in use parked, inner host-only nodes untracked."""
+        seq, key = self.seq, self.policy.key
         while heap:
-            entry = heapq.heappop(heap)
+            entry = heap[0]
             node = entry[-1]
             assert isinstance(node, Node)
             if seq.get(node) != entry[-2]:
-                continue  # superseded by a newer entry, or untracked
+                heapq.heappop(heap)  # superseded by a newer entry, or untracked
+                continue
             if key(node) != entry[:-2]:
+                heapq.heappop(heap)
                 self._push(node)  # used since it was pushed: back with its key of now
                 continue
+            if node.host is not None and not (node.lock_ref or node.holds) and (
+                node.device is not None or not node.children
+            ):
+                return entry
+            heapq.heappop(heap)
             del seq[node]
-            if node.host is None:
-                continue
-            if node.lock_ref or node.holds:
+            if node.host is not None and (node.lock_ref or node.holds):
                 self.parked.add(node)  # in use: back at the next take that finds it free
-                continue
-            if node.device is None and node.children:
-                continue  # inner host-only node: tracked again when it can go
-            yield node
+            # else: no copy, or an inner host-only node (tracked again when it can go)
+        return None
+
+    def _take(self, heap: list[tuple[object, ...]]) -> Node:
+        """Pop the victim ``_front(heap)`` found, untracked."""
+        node = heapq.heappop(heap)[-1]
+        assert isinstance(node, Node)
+        del self.seq[node]
+        return node
+
+    def _entry_count(self) -> int:
+        return len(self.heap)
+
+    def _entries(self) -> Iterator[tuple[object, ...]]:
+        return iter(self.heap)
 
     def _unpark(self) -> None:
         """Parked nodes that no lock or job holds any more go back into the heap."""
@@ -141,7 +174,7 @@ class HostEviction:
         for node in nodes:
             if is_victim(node):
                 assert node in self.seq or node in self.parked, f"{node!r}: a victim not tracked"
-        live = {entry[-2] for entry in self.heap}
+        live = {entry[-2] for entry in self._entries()}
         for node, s in self.seq.items():
             assert node.host is not None, f"{node!r}: tracked without a host copy"
             assert s in live, f"{node!r}: tracked without a heap entry"

@@ -16,6 +16,10 @@ Which host copies go first when the host pool is short is ``HostEviction``'s
 (radixcache/tiers/host_eviction.py): every residency change below keeps it
 current, so host eviction never walks the tree.
 
+Every host copy is counted for its tenant in the ledger (``HostLedger``,
+the cache's ``radixcache.tenants.TenantLedger``) wherever ``host`` is set or
+cleared, so per-tenant host counts are exact at all times.
+
 A store only reads host pages: it holds the node (so the host copy stays)
 but does not mark it loading, so a load-back of the same pages proceeds
 (invariant 11). A node split while a job is in flight passes its holds to
@@ -24,12 +28,13 @@ both pieces; the job finds them again with ``jobs.pieces``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final, Protocol
 
 import numpy as np
 
 from radixcache.events.types import Medium
+from radixcache.namespace import Namespace
 from radixcache.offload import HostPool
 from radixcache.tiers.host_eviction import HostEviction
 from radixcache.tree.node import EMPTY_PAGES, Node, PageIds
@@ -40,17 +45,59 @@ CPU_PINNED: Final = "CPU_PINNED"  # the host medium, as the recorder names it
 DISK: Final = "DISK"  # the storage medium
 
 
+class HostLedger(Protocol):
+    """Per-tenant host page counts the index keeps exact (the cache's
+    ``radixcache.tenants.TenantLedger``); the index only reports to it."""
+
+    def add_host(self, namespace: Namespace, n: int) -> None: ...
+    def sub_host(self, namespace: Namespace, n: int) -> None: ...
+    def settle_host(self, namespace: Namespace, n: int) -> None: ...
+    def clear_host(self) -> None: ...
+    def check_host(
+        self, held: Mapping[Namespace, int], in_flight: Iterable[tuple[Namespace, int]]
+    ) -> None: ...
+
+
+class NoHostLedger:
+    """No per-tenant accounting (an index built on its own, in tests)."""
+
+    def add_host(self, namespace: Namespace, n: int) -> None:
+        pass
+
+    def sub_host(self, namespace: Namespace, n: int) -> None:
+        pass
+
+    def settle_host(self, namespace: Namespace, n: int) -> None:
+        pass
+
+    def clear_host(self) -> None:
+        pass
+
+    def check_host(
+        self, held: Mapping[Namespace, int], in_flight: Iterable[tuple[Namespace, int]]
+    ) -> None:
+        pass
+
+
 class HostIndex:
     """Host/storage residency and job holds of tree nodes. Owner thread only."""
 
     def __init__(
-        self, pool: HostPool, recorder: Recorder, page_size: int, policy: EvictionPolicy
+        self,
+        pool: HostPool,
+        recorder: Recorder,
+        page_size: int,
+        policy: EvictionPolicy,
+        ledger: HostLedger | None = None,
     ) -> None:
         self.pool = pool
         self.page_size = page_size
         self.recorder = recorder
+        self.ledger: HostLedger = NoHostLedger() if ledger is None else ledger
         self.host_pages = 0  # host pages held by nodes
-        self.eviction = HostEviction(policy)  # host copies in the tree's policy order
+        # host copies in the tree's policy order (per tenant with quotas:
+        # radixcache/tenants/host.py replaces it while the index is empty)
+        self.eviction = HostEviction(policy)
         # The storage tier's event medium (HostTiers sets it): DISK announces
         # every page stored or read back; EXTERNAL (a shared pool) only the
         # pages this engine wrote, which ``note_written`` collects and the
@@ -87,6 +134,7 @@ class HostIndex:
             self.recorder.removed(node, CPU_PINNED)
             node.host = None
             self.host_pages -= pages.size
+            self.ledger.sub_host(node.namespace, int(pages.size))
             self.pool.free(pages)
             self.eviction.untrack(node)
         parent = node.parent
@@ -104,6 +152,7 @@ class HostIndex:
         assert pages.size * self.page_size == node.key.size, "host pages do not cover the node"
         node.host = pages
         self.host_pages += pages.size
+        self.ledger.add_host(node.namespace, int(pages.size))
         self.recorder.stored(node, 0, int(pages.size), CPU_PINNED)
         self.eviction.track(node)
 
@@ -154,8 +203,16 @@ class HostIndex:
         self.recorder.removed(node, CPU_PINNED)
         node.host = None
         self.host_pages -= pages.size
+        self.ledger.sub_host(node.namespace, int(pages.size))
         self.eviction.untrack(node)
         return pages
+
+    def settle(self, namespace: Namespace, n: int) -> None:
+        """A job's ``n`` host pages, allocated for ``namespace`` (reserved for
+        its tenant with quotas on), landed or went back to the pool. Called
+        once per allocation (``HostTiers.allocate_host``), before the pages
+        are attached."""
+        self.ledger.settle_host(namespace, n)
 
     # ------------------------------------------------------------------ holds
     @staticmethod
@@ -178,6 +235,7 @@ class HostIndex:
         """Everything went (the tree was reset, no job in flight): free every host page."""
         self.pool.free(self.pool.allocated_ids())
         self.host_pages = 0
+        self.ledger.clear_host()
         self.eviction.clear()
 
     def host_page_ids(self, nodes: Iterable[Node]) -> PageIds:
@@ -189,12 +247,16 @@ class HostIndex:
         nodes: Sequence[Node],
         holds: dict[Node, tuple[int, int]],
         job_host_pages: Sequence[PageIds],
+        reserved: Iterable[tuple[Namespace, int]] = (),
     ) -> None:
         """Verify the host fields of ``nodes`` (every tree node) against the
         jobs in flight: ``holds`` maps a node to the (holds, loading) counts
-        the live jobs account for; ``job_host_pages`` are host pages jobs own."""
+        the live jobs account for; ``job_host_pages`` are host pages jobs own;
+        ``reserved``: the host pages live jobs were allocated, per namespace
+        (the ledger's pages in flight)."""
         self.pool.check_integrity()
         total = 0
+        per_namespace: dict[Namespace, int] = {}
         for node in nodes:
             want = holds.get(node, (0, 0))
             assert (node.holds, node.loading) == want, (
@@ -204,9 +266,12 @@ class HostIndex:
             if node.host is not None:
                 assert node.host.size * self.page_size == node.key.size, f"{node!r}: host pages"
                 total += node.host.size
+                ns = node.namespace
+                per_namespace[ns] = per_namespace.get(ns, 0) + int(node.host.size)
         stray = set(holds) - set(nodes)
         assert not stray, f"jobs hold {len(stray)} nodes that are not in the tree"
         assert total == self.host_pages, f"host_pages {self.host_pages} != {total}"
+        self.ledger.check_host(per_namespace, reserved)
         ids = np.concatenate([self.host_page_ids(nodes), *job_host_pages])
         assert np.unique(ids).size == ids.size, "a host page is owned twice"
         allocated = self.pool.allocated_ids()

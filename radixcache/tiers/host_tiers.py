@@ -156,7 +156,7 @@ class HostTiers:
 
     def _backup(self, node: Node) -> None:
         assert node.device is not None
-        host_pages = self.allocate_host(int(node.device.size))
+        host_pages = self.allocate_host(int(node.device.size), node.namespace)
         if host_pages is None:
             self.counters.backups_skipped += 1
             return
@@ -170,10 +170,11 @@ class HostTiers:
         if not (self.write.backup_on_evict() or node.children):
             return
         assert node.device is not None
-        host_pages = self.allocate_host(int(node.device.size))
+        host_pages = self.allocate_host(int(node.device.size), node.namespace)
         if host_pages is None:
             self.counters.backups_skipped += 1
             return
+        self.index.settle(node.namespace, int(host_pages.size))  # attached or freed now
         if self.controller.backup_now(node.device.copy(), host_pages):
             self.index.attach(node, host_pages)
             self._deferred_stores.append(node)  # stored at the next poll, after the eviction
@@ -197,27 +198,35 @@ class HostTiers:
         StoreJob(self, nodes, keys, tokens, host, self.forgets.epoch(nodes[-1].namespace))
 
     # ------------------------------------------------------------------ host pool
-    def allocate_host(self, n: int) -> PageIds | None:
-        """``n`` host pages, dropping host copies in policy order if the pool
-        is short; None if that cannot make room."""
+    def allocate_host(self, n: int, namespace: Namespace) -> PageIds | None:
+        """``n`` host pages for a backup or fetch of ``namespace``'s pages,
+        dropping host copies in policy order if the pool is short; None if
+        that cannot make room. The caller settles them (``index.settle``)
+        once, when they are attached or freed. With quotas the cache replaces
+        this with ``radixcache.tenants.host.HostQuota.allocate`` (limits and
+        floors per tenant)."""
         pages = self.host.allocate(n)
         if pages is not None:
             return pages
         short = n - self.host.free_count
-        eviction = self.index.eviction
-        for node in eviction.victims():  # policy order, O(log n) each: no walk of the tree
-            freed = self.index.drop(node)
-            if node.device is None:
-                parent = node.parent
-                self.tree.below.remove_leaf(node)
-                if parent is not None:
-                    eviction.track(parent)  # it may have lost its last child
-            self.host.free(freed)
-            self.counters.host_evicted_pages += int(freed.size)
-            short -= int(freed.size)
+        for node in self.index.eviction.victims():  # policy order, O(log n) each: no walk
+            short -= self.evict_host_copy(node)
             if short <= 0:
                 break
         return self.host.allocate(n)
+
+    def evict_host_copy(self, node: Node) -> int:
+        """Drop victim ``node``'s host copy (announced), free its pages; a node
+        left with no copy at all leaves the tree. Returns the pages freed."""
+        freed = self.index.drop(node)
+        if node.device is None:
+            parent = node.parent
+            self.tree.below.remove_leaf(node)
+            if parent is not None:
+                self.index.eviction.track(parent)  # it may have lost its last child
+        self.host.free(freed)
+        self.counters.host_evicted_pages += int(freed.size)
+        return int(freed.size)
 
     # ------------------------------------------------------------------ completions
     def poll(self) -> int:
@@ -385,8 +394,9 @@ class HostTiers:
             for node in job.held():
                 h, ld = holds.get(node, (0, 0))
                 holds[node] = (h + 1, ld + job.loading)
+        reserved = [r for r in (job.host_reserved() for job in self.jobs) if r is not None]
         self.index.check_integrity(
-            list(self.tree.nodes()), holds, [job.host_pages() for job in self.jobs]
+            list(self.tree.nodes()), holds, [job.host_pages() for job in self.jobs], reserved
         )
 
     def close(self) -> None:

@@ -4,7 +4,8 @@ Every move between tiers is one ``TierJob``. A job takes its holds when it
 starts (tree locks, node holds, pages it owns), submits its copy or storage
 operation to the offload controller, and applies the result in
 ``finish(ok)``, called by ``HostTiers.poll()`` on the owner thread once the
-move is done. ``finish`` releases every hold the job took; no other code
+move is done. ``finish`` releases every hold the job took (and settles the
+host pages allocated for it in the tenants' ledger); no other code
 releases them, and ``check_integrity`` compares every node's holds with those
 the live jobs account for::
 
@@ -125,6 +126,11 @@ class TierJob(ABC):
     def host_pages(self) -> PageIds:
         """Host pages this job owns (not the tree's)."""
         return EMPTY_PAGES
+
+    def host_reserved(self) -> tuple[Namespace, int] | None:
+        """The namespace and count of the host pages ``allocate_host`` gave
+        this job (settled in the ledger when it lands); None if none."""
+        return None
 
     def device_pages(self) -> PageIds:
         """Device pages this job owns (neither the tree's nor a request's)."""

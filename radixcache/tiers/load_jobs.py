@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from radixcache.namespace import Namespace
 from radixcache.tiers.jobs import JobRuntime, TierJob, pieces, share_out
 from radixcache.tree.node import EMPTY_PAGES, Node, PageIds, TokenArray
 from radixcache.request import Request
@@ -183,6 +184,9 @@ class FetchJob(TierJob):
     def host_pages(self) -> PageIds:
         return self.submitted.host_pages
 
+    def host_reserved(self) -> tuple[Namespace, int] | None:
+        return self.namespace, self.submitted.num_pages
+
     def device_pages(self) -> PageIds:
         return self.dev
 
@@ -191,6 +195,7 @@ class FetchJob(TierJob):
         p = rt.page_size
         move = self.submitted
         n = move.num_pages
+        rt.index.settle(self.namespace, n)  # attached below (those that arrived), or freed
         got = int(move.ticket.result()) if ok else 0
         if not rt.may_land(self.namespace, self.epoch):
             got = 0  # the namespace was forgotten meanwhile: nothing of it lands

@@ -49,7 +49,7 @@ class LoadSite(JobRuntime, Protocol):
 
     def allocate_device(self, n: int) -> PageIds | None: ...
 
-    def allocate_host(self, n: int) -> PageIds | None: ...
+    def allocate_host(self, n: int, namespace: Namespace) -> PageIds | None: ...
 
     def epoch(self, namespace: Namespace) -> int: ...
 
@@ -96,11 +96,12 @@ class LoadBack:
         n = rt.stored(keys)
         if n == 0:
             return
-        host_pages = rt.allocate_host(n)
+        host_pages = rt.allocate_host(n, req.namespace)
         if host_pages is None:
             return
         dev = rt.allocate_device(n)
         if dev is None or req.num_pages * p != start:  # (making room may finish a load of req)
+            rt.index.settle(req.namespace, n)
             rt.host.free(host_pages)
             if dev is not None:
                 rt.free_device(dev)

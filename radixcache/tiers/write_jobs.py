@@ -38,11 +38,15 @@ class BackupJob(TierJob):
     def host_pages(self) -> PageIds:
         return self.submitted.host_pages
 
+    def host_reserved(self) -> tuple[Namespace, int] | None:
+        return self.last.namespace, self.pages
+
     def _land(self, ok: bool) -> None:
         rt = self.rt
         nodes = self.held()
         rt.index.release(nodes)
         rt.tree.unlock(self.last)
+        rt.index.settle(self.last.namespace, self.pages)  # attached below, or freed
         if not ok:
             rt.index.pool.free(self.submitted.host_pages)
             return

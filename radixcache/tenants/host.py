@@ -1,0 +1,162 @@
+"""Host quotas: a tenant's limit and floor on the host pool.
+
+``attach_host(tiers, ledger)`` is called once, by the cache's builder, while
+the host index is empty. Without quotas (``ledger.book`` is None) it does
+nothing: host allocation and eviction stay exactly as they are. With them,
+the index gets ``TenantHostEviction`` (a victims heap per tenant) and the
+tiers' ``allocate_host`` becomes ``HostQuota.allocate``:
+
+* **limit** (``TenantQuota.host_pages``): tenant T needs n host pages (a
+  backup of T's node, or a fetch from storage into host pages of T's
+  namespace). T's host pages now, plus those reserved for T's jobs in
+  flight (``TenantLedger.host_in_flight``), plus n must fit its limit;
+  else T's *own* host victims go first (T's policy order, counted in
+  ``host_own_evicted_pages``), and if it still does not fit the backup or
+  fetch is skipped (counted in ``host_dropped_pages``). That path never
+  raised before (host allocation may fail) and does not now.
+* **floor** (``TenantQuota.host_floor``): when the pool itself is short,
+  victims go in policy order across tenants, but never one that would take
+  a tenant other than T below its floor: a victim larger than what its
+  tenant has above the floor is cut (``tree.split``) so that only its tail
+  goes, page-exact. Those evictions count in the victim tenant's
+  ``host_pressure_evicted_pages``. When the free pages plus T's own and
+  every other tenant's pages above its floor are fewer than n, nothing is
+  evicted: the backup or fetch is skipped at once.
+
+Every host copy that goes is dropped through ``HostTiers.evict_host_copy``,
+which announces it (``BlockRemoved`` on the host medium) like any host
+eviction. Granted pages are reserved for T until the job that got them
+lands (``HostIndex.settle``). Owner thread only.
+"""
+
+from __future__ import annotations
+
+from radixcache.namespace import Namespace
+from radixcache.tenants.host_eviction import TenantHostEviction
+from radixcache.tenants.ledger import TenantLedger
+from radixcache.tenants.quota import QuotaBook, TenantKey
+from radixcache.tiers.host_tiers import HostTiers
+from radixcache.tree.node import PageIds
+
+
+class HostQuota:
+    """Host limits and floors of one cache's tenants (see the module)."""
+
+    def __init__(self, tiers: HostTiers, ledger: TenantLedger, book: QuotaBook,
+                 eviction: TenantHostEviction) -> None:
+        self.tiers = tiers
+        self.ledger = ledger
+        self.book = book
+        self.eviction = eviction
+
+    def allocate(self, n: int, namespace: Namespace) -> PageIds | None:
+        """``n`` host pages for ``namespace``'s tenant, reserved for it; None
+        if its limit or the pool leaves no room (see the module)."""
+        ledger = self.ledger
+        key = ledger.key(namespace)
+        limit = self.book.get(key).host_pages
+        if limit is not None and not self._fit(key, limit, n):
+            ledger.of(key).host_dropped_pages += n
+            return None
+        pool = self.tiers.host
+        pages = pool.allocate(n)
+        if pages is None and pool.free_count + self._takeable(key) >= n:
+            self._evict(key, n - pool.free_count, own=False)
+            pages = pool.allocate(n)
+        if pages is not None:
+            ledger.reserve_host(namespace, n)
+        return pages
+
+    def enforce(self, key: TenantKey) -> int:
+        """Evict ``key``'s own host copies down to its host limit (after a
+        quota change); returns the host pages that went."""
+        limit = self.book.get(key).host_pages
+        if limit is None:
+            return 0
+        ledger = self.ledger
+        over = ledger.host.get(key, 0) + ledger.host_in_flight.get(key, 0) - limit
+        return self._evict(key, over, own=True) if over > 0 else 0
+
+    def _fit(self, key: TenantKey, limit: int, n: int) -> bool:
+        """Whether ``n`` more host pages fit ``key``'s ``limit``, after
+        evicting its own host copies where that helps."""
+        ledger = self.ledger
+        flying = ledger.host_in_flight.get(key, 0)
+        if n + flying > limit:
+            return False  # not even with every copy of its own gone: evict nothing
+        over = ledger.host.get(key, 0) + flying + n - limit
+        if over > 0:
+            self._evict(key, over, own=True)
+            over = ledger.host.get(key, 0) + flying + n - limit
+        return over <= 0
+
+    def _takeable(self, requester: TenantKey) -> int:
+        """An upper bound of what a pass for ``requester`` may free: its own
+        host pages and every other tenant's above its floor (copies in use
+        may not go either). Below what is needed, nothing is evicted."""
+        total = 0
+        for tenant, held in self.ledger.host.items():
+            total += held if tenant == requester else max(0, self._room_above_floor(tenant))
+        return total
+
+    def _room_above_floor(self, tenant: TenantKey) -> int:
+        return self.ledger.host.get(tenant, 0) - self.book.get(tenant).host_floor
+
+    def _evict(self, requester: TenantKey, want: int, own: bool) -> int:
+        """Drop up to ``want`` host pages (whole victims, more if the last is
+        larger): ``own``: of ``requester`` alone, in its policy order; else
+        of every tenant in policy order, keeping tenants other than
+        ``requester`` at or above their floors. Returns the pages freed."""
+        ev, tiers, ledger = self.eviction, self.tiers, self.ledger
+        ev.refresh()
+        freed = 0
+        blocked: set[TenantKey] = set()  # tenants at their floor for this pass
+        while freed < want:
+            if own:
+                node = ev.first_of(requester)
+                if node is None:
+                    break
+                tenant = requester
+            else:
+                pick = ev.first(blocked)
+                if pick is None:
+                    break
+                tenant, node = pick
+            assert node.host is not None
+            keep = 0  # leading pages the floor keeps
+            if tenant != requester:
+                room = self._room_above_floor(tenant)
+                if room <= 0:
+                    blocked.add(tenant)  # at its floor: nothing more of it goes
+                    continue
+                size = int(node.host.size)
+                if size > room:  # all of it would take the tenant below its floor
+                    keep = size - min(room, want - freed)
+            ev.take(tenant)
+            if keep:
+                tiers.tree.split(node, keep)  # ``node`` is now the tail; the head stays tracked
+            pages = tiers.evict_host_copy(node)
+            freed += pages
+            counters = ledger.of(tenant)
+            if own:
+                counters.host_own_evicted_pages += pages
+            else:
+                counters.host_pressure_evicted_pages += pages
+        return freed
+
+
+def attach_host(tiers: HostTiers, ledger: TenantLedger) -> HostQuota | None:
+    """With quotas on, give ``tiers`` (its host index empty) per-tenant host
+    eviction and ``HostQuota.allocate``; returns the ``HostQuota`` (None,
+    and nothing changed, without quotas)."""
+    book = ledger.book
+    if book is None:
+        return None
+    index = tiers.index
+    if index.host_pages or len(index.eviction):
+        raise ValueError("host quotas are attached to an empty host index only")
+    eviction = TenantHostEviction(index.eviction.policy, ledger)
+    index.eviction = eviction
+    quota = HostQuota(tiers, ledger, book, eviction)
+    tiers.allocate_host = quota.allocate  # type: ignore[method-assign]
+    return quota
