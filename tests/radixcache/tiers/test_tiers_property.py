@@ -69,6 +69,7 @@ def kv_value(ns: int, incarnation: int, prefix: np.ndarray) -> float:
 class TieredMachine(RuleBasedStateMachine):
     requests = Bundle("requests")
     sealed = False  # the store's records encrypted at rest (SealedTieredMachine)
+    quotas: dict[str | None, object] | None = None  # CacheConfig.quotas (tests/radixcache/tenants)
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,7 +100,8 @@ class TieredMachine(RuleBasedStateMachine):
             ),
             model_id="property",
         )
-        self.cache = RadixCache(CacheConfig(spec=SPEC, device_pages=16, tiers=tiers))
+        self.cache = RadixCache(CacheConfig(spec=SPEC, device_pages=16, tiers=tiers,
+                                            quotas=None if self.quotas is None else dict(self.quotas)))  # type: ignore[arg-type]
         t = self.cache.tiers
         assert isinstance(t, HostTiers) and self.cache.kv is not None
         t.controller.copy.close()
