@@ -30,6 +30,9 @@ class CheckedEviction(Protocol):
     candidates: set[Node]
     heap: list[tuple[object, ...]]
 
+    def entries(self) -> list[tuple[object, ...]]:
+        """Every heap entry, superseded ones included."""
+
 
 class CheckedTree(Protocol):
     """What the check reads of a ``RadixTree``."""
