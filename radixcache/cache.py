@@ -219,12 +219,12 @@ class RadixCache:
         req.computed(end)
         full = end // self.page_size
         if full > req.shared_pages:
-            self._insert(req, full)
+            self._insert(req, full, (end - num_tokens) // self.page_size)
 
-    def _insert(self, req: Request, full: int) -> None:
+    def _insert(self, req: Request, full: int, before: int) -> None:
         if self._forgets and not req.may_insert(self._forgets.get(req.namespace, 0)):
             return  # its prefix was forgotten: later pages stay its own, freed at release
-        full = self._gate.cap_insert(req.namespace, req.shared_pages, full)
+        full = self._gate.cap_insert(req.namespace, req.shared_pages, full, before)
         if full <= req.shared_pages:
             return  # the tenant is at its device limit: the pages stay private (counted)
         p = self.page_size

@@ -1,7 +1,7 @@
 """``--config FILE``: a command's settings from a radixcache config file.
 
 The file is the one the library reads (``radixcache.load_config``, tables
-``[spec] [cache] [host] [tiers] [storage] [events]``), with the
+``[spec] [cache] [host] [tiers] [storage] [events] [quotas]``), with the
 ``RADIXCACHE__TABLE__KEY`` environment variables laid over it. Precedence,
 lowest first: the command's defaults, the file, the environment, the flags
 given on the command line::
@@ -11,7 +11,10 @@ given on the command line::
 ``FLAGS`` says which flags stand for which keys: a key whose flag is given is
 dropped; any other key is laid over the config the command builds (``overlay``),
 and a key with a converter also sets its flag's value, which the command reads
-(sizes, paths, endpoints). Mistakes are one line naming the file and the key.
+(sizes, paths, endpoints; ``args.config_dests`` names the dests the file
+set, for a mode that has no use for some). ``[quotas]`` is the value of
+``--quotas`` (a ``QuotaBook``) unless that flag is given: the flag replaces
+the whole table. Mistakes are one line naming the file and the key.
 
 ``replay`` models a cache rather than opening one: it takes the keys that
 have a flag of its own (page size, device pages, host size, policies, the
@@ -73,9 +76,9 @@ def add_config_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", metavar="FILE", default=None,
         help="settings from a radixcache config file (.toml, .json, .yaml: tables spec, cache, "
-        "host, tiers, storage, events) and RADIXCACHE__TABLE__KEY variables; flags given "
-        "here win over both")
-    parser.set_defaults(config_fields={})
+        "host, tiers, storage, events, quotas) and RADIXCACHE__TABLE__KEY variables; flags "
+        "given here win over both")
+    parser.set_defaults(config_fields={}, config_dests=set())
 
 
 def given_dests(build: Callable[[], argparse.ArgumentParser], argv: list[str]) -> set[str]:
@@ -93,22 +96,29 @@ def given_dests(build: Callable[[], argparse.ArgumentParser], argv: list[str]) -
 def apply_config(args: argparse.Namespace, given: set[str]) -> None:
     """Lay the file ``args.config`` under the flags ``given`` (see the module
     docstring); UsageError for a file that does not decode."""
-    from radixcache.config import ConfigError, read_sections
+    from radixcache.config import ConfigError, quotas_target, read_sections
 
     try:
-        sections = read_sections(args.config)
+        sections = read_sections(args.config)  # checks [quotas] values too
     except (ConfigError, OSError) as err:
         raise UsageError(f"--config: {err}") from None
     fields: dict[str, dict[str, Any]] = {}
+    from_file: set[str] = set()
     for table, keys in sections.items():
+        if table == "quotas":  # tenant -> quota: --quotas's value, unless the flag is given
+            if "quotas" not in given and hasattr(args, "quotas"):
+                args.quotas = quotas_target(keys, args.config)
+            continue
         for key, value in keys.items():
             dests, convert = FLAGS.get((table, key), ((), None))
             if any(d in given for d in dests):
                 continue  # the flag wins
             if convert is not None and hasattr(args, dests[0]):  # a flag of this command
                 setattr(args, dests[0], convert(value))
+                from_file.add(dests[0])
             fields.setdefault(table, {})[key] = value
     args.config_fields = fields
+    args.config_dests = from_file
     spec = sections.get("spec", {})
     if (hasattr(args, "kv_bytes_per_token") and not {"kv_bytes_per_token", "model"} & given
             and {"num_layers", "num_kv_heads", "head_dim"} <= set(spec)):

@@ -4,7 +4,7 @@
                  refused, typed conversions (dtype names, text bytes)
     files.py     JSON/TOML/YAML files; RADIXCACHE__TABLE__KEY variables
     layout.py    one file for the whole cache: [spec] [cache] [host] [tiers]
-                 [storage] [events] -> ``load_config(path)``
+                 [storage] [events] [quotas] -> ``load_config(path)``
 
 ``load_config`` is public as ``radixcache.load_config``; the adapters and the
 CLI read the same files.
@@ -12,10 +12,12 @@ CLI read the same files.
 
 from radixcache.config.decoding import ConfigError, decode, decode_over, schema
 from radixcache.config.files import ENV_PREFIX, environment_document, load, read_document, with_environment
-from radixcache.config.layout import CacheFile, Sections, load_config, read_sections, storage_target
+from radixcache.config.layout import (CacheFile, Sections, load_config, quotas_target, read_sections,
+                                      storage_target)
 
 __all__ = [
     "CacheFile", "ConfigError", "ENV_PREFIX", "Sections", "decode", "decode_over",
-    "environment_document", "load", "load_config", "read_document", "read_sections", "schema",
+    "environment_document", "load", "load_config", "quotas_target", "read_document",
+    "read_sections", "schema",
     "storage_target", "with_environment",
 ]

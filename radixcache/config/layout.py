@@ -9,12 +9,16 @@
                 an LMDB directory / ``lmdb://`` URL; none: LMDB); the other
                 keys are that backend's fields (Mooncake: none, its URL's query)
     [events]    PublisherConfig the ZMQ event stream
+    [quotas]    per-tenant quotas (``CacheConfig.quotas``): a table per tenant
+                salt (``"*"``: tenants not listed, ``"(none)"``: no salt) of
+                ``TenantQuota`` fields; present, even empty, turns quotas on
 
 The tables are flat, not nested as the dataclasses are, so that each is one
 dataclass's fields, named after the command-line flags' prefixes
 (``--storage``, ``--events``, ``--host-pages``) and reachable by a
-two-level variable: ``RADIXCACHE__STORAGE__PASSWORD``. Any of ``[host]``,
-``[tiers]``, ``[storage]`` turns the tiers below the device on.
+two-level variable: ``RADIXCACHE__STORAGE__PASSWORD`` (a quota, three-level:
+``RADIXCACHE__QUOTAS__TENANT_A__DEVICE_PAGES``, the salt in lower case). Any
+of ``[host]``, ``[tiers]``, ``[storage]`` turns the tiers below the device on.
 
 The whole document is decoded in one pass, so a mistake names its table:
 ``radixcache.toml: Object contains unknown field `endpont` - at `$.events```.
@@ -23,6 +27,7 @@ Values from the environment are text, decoded by the field's type.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -37,6 +42,7 @@ from radixcache.config.files import environment_document, read_document
 from radixcache.events import PublisherConfig
 from radixcache.offload import HostPoolConfig, StorageConfig, ValkeyConfig, storage_config
 from radixcache.offload.mooncake import MooncakeConfig
+from radixcache.tenants import QuotaBook, TenantQuota, parse_quotas
 from radixcache.tiers import TierConfig
 from radixcache.transfer import KVSpec
 
@@ -72,18 +78,22 @@ DOCUMENT = msgspec.defstruct(
     "CacheDocument",
     [(name, schema(cls, exclude, partial=True) | msgspec.UnsetType, UNSET)
      for name, (cls, exclude) in TABLES.items()]
-    + [("storage", STORAGE_FIELDS | msgspec.UnsetType, UNSET)],
+    + [("storage", STORAGE_FIELDS | msgspec.UnsetType, UNSET),
+       ("quotas", dict[str, Any] | msgspec.UnsetType, UNSET)],  # tenant -> table: _quota_tables
     kw_only=True, forbid_unknown_fields=True)
 
 
 def _sections(document: Mapping[str, Any], source: str, strict: bool) -> Sections:
     decoded = convert(document, DOCUMENT, source, strict)
     out: Sections = {}
-    for name, (cls, _) in [*TABLES.items(), ("storage", (StorageConfig, ()))]:
+    for name, (cls, _) in [*TABLES.items(), ("storage", (StorageConfig, ())),
+                           ("quotas", (TenantQuota, ()))]:
         table = getattr(decoded, name)
         if table is UNSET:
             continue
-        if name == "storage":  # fields of either backend: plain values, nothing nested
+        if name == "quotas":
+            out[name] = _quota_tables(table, source, strict)
+        elif name == "storage":  # fields of either backend: plain values, nothing nested
             out[name] = {}
             for backend in BACKENDS:
                 out[name].update(values(backend, _only(table, backend)))
@@ -91,6 +101,24 @@ def _sections(document: Mapping[str, Any], source: str, strict: bool) -> Section
                 out[name]["url"] = table.url
         else:
             out[name] = values(cls, table)
+    return out
+
+
+def _quota_tables(table: Mapping[str, Any], source: str, strict: bool) -> dict[str, dict[str, Any]]:
+    """``[quotas]``: each tenant's table decoded by ``TenantQuota``'s field
+    types (unknown keys refused), the keys it sets; a mistake names the
+    tenant's table (``$.quotas.quiet``, ``$.quotas["tenant-a"]``)."""
+    kind = schema(TenantQuota, partial=True)
+    out: dict[str, dict[str, Any]] = {}
+    for tenant, fields in table.items():
+        at = f"$.quotas.{tenant}" if tenant.isidentifier() else f"$.quotas[{json.dumps(tenant)}]"
+        try:
+            decoded = msgspec.convert(fields, kind, strict=strict)
+        except msgspec.ValidationError as err:
+            text = str(err)
+            text = text.replace("- at `$", f"- at `{at}") if "- at `$" in text else f"{text} - at `{at}`"
+            raise ConfigError(f"{source}: {text}") from None
+        out[tenant] = values(TenantQuota, decoded)
     return out
 
 
@@ -112,10 +140,25 @@ def read_sections(path: str | os.PathLike[str],
     if names:
         source = f"environment ({', '.join(names)})"
         for name, fields in _sections(env, source, strict=False).items():
+            if name == "quotas":  # a variable sets one key of one tenant's table
+                old = sections.get(name, {})
+                fields = {t: {**old.get(t, {}), **fields.get(t, {})} for t in {*old, *fields}}
             sections[name] = {**sections.get(name, {}), **fields}
     if "storage" in sections:
         storage_backend(sections["storage"], where)
+    if "quotas" in sections:
+        quotas_target(sections["quotas"], where)
     return sections
+
+
+def quotas_target(fields: Mapping[str, Any], where: str) -> QuotaBook:
+    """The ``QuotaBook`` of a ``[quotas]`` table's keys (tenant -> fields);
+    ConfigError naming the file for a value ``TenantQuota`` rejects (a floor
+    above its limit)."""
+    try:
+        return parse_quotas(fields, f"{where} [quotas]")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def storage_backend(fields: Mapping[str, Any], where: str) -> type:
@@ -178,7 +221,8 @@ def load_config(path: str | os.PathLike[str],
         host = build("host") if "host" in sections else TierConfig().host
         storage = storage_target(sections["storage"], where) if "storage" in sections else None
         tiers = build("tiers", host=host, storage=storage)
-    cache = build("cache", spec=build("spec"), tiers=tiers)
+    quotas = quotas_target(sections["quotas"], where) if "quotas" in sections else None
+    cache = build("cache", spec=build("spec"), tiers=tiers, quotas=quotas)
     events = build("events") if "events" in sections else None
     return CacheFile(cache, events, sections)
 

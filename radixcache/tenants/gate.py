@@ -84,9 +84,12 @@ class TenantGate:
             held = ledger.device.get(key, 0)  # type: ignore[call-overload]
         return max(0, min(n, limit - held))
 
-    def cap_insert(self, namespace: Namespace, shared: int, full: int) -> int:
+    def cap_insert(self, namespace: Namespace, shared: int, full: int, before: int) -> int:
         """How many leading pages of a commit of ``full`` pages (``shared``
-        of them in the tree already) may be cached under the tenant's limit."""
+        of them in the tree already, ``before`` computed before this commit)
+        may be cached under the tenant's limit. Pages a request computed and
+        could not cache are counted as dropped once, by the commit that
+        computed them (a later commit retries them without counting again)."""
         ledger = self.ledger
         if ledger.book is None:
             return full
@@ -95,8 +98,10 @@ class TenantGate:
         if limit is None or full <= shared:
             return full
         fit = self._make_room(key, limit, full - shared)
-        if fit < full - shared:
-            ledger.of(key).dropped_pages += full - shared - fit
+        left_out = full - shared - fit
+        counted = max(0, before - shared)  # left out by earlier commits: counted then
+        if left_out > counted:
+            ledger.of(key).dropped_pages += left_out - counted
         return shared + fit
 
     def load_room(self, n: int) -> bool:

@@ -21,6 +21,12 @@ workload, B replays its prompts and is served from the pool
 Copies and storage writes run in the background, but the demo applies them
 at fixed points (after every prefill chunk and decoded token), so two fresh
 runs with the same --seed give the same figures.
+
+``--quotas JSON`` sets per-tenant quotas on the demo's cache (a line per
+tenant in the summary). ``--noisy-neighbor`` runs instead a quiet tenant
+beside a noisy one that floods the cache, three times on fresh caches (alone,
+without quotas, with quotas) on device and host tiers, and prints each
+tenant's hit ratio per run (``radixcache.cli.demo.noisy``).
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from typing import Any
 import torch
 
 from radixcache.cache import RadixCache
-from radixcache.cli.demo.report import store_size, summary
+from radixcache.cli.demo.noisy import NoisyDefault, resolve_defaults, run_noisy_neighbor
+from radixcache.cli.demo.report import store_size, summary, tenant_lines
 from radixcache.cli.demo.runner import (Runner, build_cache, describe_workload, serve_chats,
                                         settle, workload)
 from radixcache.cli.demo.storage import DemoStore, demo_store
@@ -44,6 +51,7 @@ from radixcache.cli.kv_events_config import publisher_config
 from radixcache.cli.options import (AUTO_CLUSTER, AUTO_POOL, json_object, non_negative_int,
                                    positive_int, power_of_two, storage_url)
 from radixcache.cli.parser import UsageError, describe
+from radixcache.cli.quota_option import add_quotas_option
 from radixcache.events import NullEventPublisher, PublisherConfig, ZmqEventPublisher
 from radixcache.events.publisher import EventPublisher
 from radixcache.namespace import Namespace
@@ -110,6 +118,7 @@ def describe_events(publisher: EventPublisher) -> str:
 
 # ---------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
+    resolve_defaults(args)  # --noisy-neighbor's sizes, where none was given
     device = args.device
     try:
         torch.device(device)
@@ -130,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"a chat grows to {longest} tokens ({need} pages of {args.page_size}) "
                          f"by its last turn, more than --device-pages {args.device_pages}; "
                          f"give more device pages or fewer/shorter turns")
+    if args.noisy_neighbor:
+        run_noisy_neighbor(args, spec, device)
+        return 0
     with demo_store(args) as store:
         if args.engines > 1:
             if store.pool is None:
@@ -145,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         path = store.path
         args.fresh_report = None
         if args.fresh and path is not None and path.exists():
-            old = build_cache(args, spec, device, store)  # fails if unusable or held
+            old = build_cache(args, spec, device, store, args.quotas)  # fails if unusable or held
             held = old.tier_stats()
             pages = held.storage.records if held is not None and held.storage else 0
             nbytes = held.storage.stored_bytes if held is not None and held.storage else 0
@@ -155,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             args.fresh_report = f"--fresh: {path} does not exist yet; nothing removed"
         publisher = make_publisher(args)  # first: a bad events option fails before any store opens
         try:
-            cache = build_cache(args, spec, device, store)
+            cache = build_cache(args, spec, device, store, args.quotas)
             _run(args, spec, device, store, cache, publisher)
         finally:
             publisher.close()
@@ -209,11 +221,13 @@ def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore,
     settle(cache)
     publisher.publish(cache.take_events())
     summary(cache, runner.totals, publisher, time.perf_counter() - t0, label)
+    for line in tenant_lines(cache):
+        print(line)
     cache.close()
 
     # Warm restart: a new cache on the same LMDB directory or pool.
     where = "same LMDB directory" if store.path is not None else "same pool"
-    restarted = build_cache(args, spec, device, store)
+    restarted = build_cache(args, spec, device, store, args.quotas)
     try:
         runner2 = Runner(restarted, NullEventPublisher(), args.chunk)
         t1 = time.perf_counter()
@@ -246,6 +260,12 @@ def _run(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore,
 
 
 # ---------------------------------------------------------------------- options
+def sized(text: str, default: int, noisy: int) -> dict[str, Any]:
+    """``default=`` and ``help=`` of an option whose default --noisy-neighbor changes."""
+    return {"default": NoisyDefault(default, noisy),
+            "help": f"{text} (default: %(default)s; with --noisy-neighbor: {noisy})"}
+
+
 def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="the offload demo (GPU when present, else CPU)",
                           description=__doc__)
@@ -253,8 +273,9 @@ def register(sub: Any) -> None:
     add_config_option(demo)
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
         help="torch device of the KV pool (cuda falls back to cpu when absent)")
-    add("--device-pages", type=positive_int, default=384, help="device pool, pages")
-    add_host_pool_options(demo, 768, "host pool, pages")
+    add("--device-pages", type=positive_int, **sized("device pool, pages", 384, 256))
+    host = sized("host pool, pages", 768, 512)
+    add_host_pool_options(demo, host["default"], host["help"])
     add("--storage-mib", type=positive_int, default=2048,
         help="LMDB capacity, MiB (also the memory bound of a valkey://auto pool)")
     add("--storage-path", default="./radixcache-data",
@@ -294,15 +315,27 @@ def register(sub: Any) -> None:
         help="ZMQ endpoint of the replay socket ('none': no replay)")
     add("--tenants", type=positive_int, default=3, help="tenants (namespaces), one system "
         "prompt each")
-    add("--chats", type=positive_int, default=8, help="chats per tenant")
-    add("--turns", type=positive_int, default=8, help="turns per chat")
-    add("--system", type=positive_int, default=1024, help="system prompt tokens per tenant")
-    add("--user", type=positive_int, default=256, help="new user tokens per turn")
-    add("--decode", type=non_negative_int, default=32, help="decoded tokens per turn")
+    add("--chats", type=positive_int, **sized("chats per tenant", 8, 4))
+    add("--turns", type=positive_int, **sized("turns per chat", 8, 6))
+    add("--system", type=positive_int, **sized("system prompt tokens per tenant", 1024, 256))
+    add("--user", type=positive_int, **sized("new user tokens per turn", 256, 64))
+    add("--decode", type=non_negative_int,
+        **sized("decoded tokens per turn (and per noisy request)", 32, 16))
+    add("--noisy-neighbor", action="store_true",
+        help="instead of the demo: a quiet tenant's chats beside a noisy tenant's flood, in "
+        "three runs on fresh caches (quiet alone; both without quotas; both with --quotas, "
+        "else defaults from the pool sizes), printing each tenant's hit ratio; device and "
+        "host tiers, no storage")
+    add("--noisy-rate", type=positive_int, default=10,
+        help="--noisy-neighbor: noisy requests per quiet request")
+    add("--noisy-prompt", type=positive_int, default=512,
+        help="--noisy-neighbor: tokens per noisy prompt (random, never repeated)")
+    add_quotas_option(demo, "per-tenant quotas of the demo's cache (tenants tenant-0, "
+                      "tenant-1, ...; with --noisy-neighbor: quiet and noisy, for the third run)")
     add("--chunk", type=positive_int, default=512, help="prefill chunk, tokens")
-    add("--layers", type=positive_int, default=8, help="model layers (KV geometry)")
-    add("--kv-heads", type=positive_int, default=4, help="KV heads per layer")
-    add("--head-dim", type=positive_int, default=64, help="head dimension")
+    add("--layers", type=positive_int, **sized("model layers (KV geometry)", 8, 2))
+    add("--kv-heads", type=positive_int, **sized("KV heads per layer", 4, 1))
+    add("--head-dim", type=positive_int, **sized("head dimension", 64, 8))
     add("--page-size", type=power_of_two, default=16, help="tokens per page, a power of two")
     add("--kv-dtype", choices=("float16", "bfloat16", "float32"), default="float16",
         help="element type of K and V")

@@ -68,7 +68,7 @@ def _engine(role: str, args: argparse.Namespace, device: str, pool: PoolConfig,
     try:
         spec = KVSpec(num_layers=args.layers, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
                       dtype=torch.float16, page_size=args.page_size)
-        cache = build_cache(args, spec, device, DemoStore(lmdb=None, pool=pool))
+        cache = build_cache(args, spec, device, DemoStore(lmdb=None, pool=pool), args.quotas)
         counter = MediumCounter()
         t0 = time.perf_counter()
         try:

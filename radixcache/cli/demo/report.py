@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from rich.console import Console
 from rich.table import Table
 
 from radixcache.cache import RadixCache
 from radixcache.events.publisher import EventPublisher
+from radixcache.tenants import TenantQuota
 
 
 @dataclass(slots=True)
@@ -83,6 +84,28 @@ def summary(cache: RadixCache, t: Totals, publisher: EventPublisher, elapsed: fl
           f"abandoned loads {ts.abandoned_tokens} tokens, failed jobs {ts.failed_jobs}")
     p = publisher.stats()
     print(f"  events: {p.published} batches published, {p.dropped} dropped")
+
+
+def tenant_lines(cache: RadixCache) -> list[str]:
+    """With quotas on (``--quotas``): a line per tenant, its hit ratio, the
+    device pages it holds, the pages its limit made it evict, and its quota;
+    none without."""
+    if not cache.tenants.quotas_on:
+        return []
+    lines = ["  tenants (with quotas):"]
+    for name, t in sorted(cache.tenants.stats().items()):
+        c = t.counters
+        lines.append(f"    {name}: hit {t.hit_ratio:.1%} of {c.prompt_tokens} prompt tokens; "
+                     f"{t.device_pages} device pages, {c.own_evicted_pages} evicted for its "
+                     f"limit; quota {quota_text(t.quota)}")
+    return lines
+
+
+def quota_text(quota: TenantQuota) -> str:
+    """``device_pages=64, device_floor=0, ...``: the fields that bound anything, or ``none``."""
+    set_ = [f"{f.name}={getattr(quota, f.name)}" for f in fields(quota)
+            if getattr(quota, f.name) not in (None, 0)]
+    return ", ".join(set_) or "none"
 
 
 def stored_pages(cache: RadixCache, storage: str) -> str:

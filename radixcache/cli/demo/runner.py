@@ -23,6 +23,7 @@ from radixcache.cli.parser import UsageError, describe
 from radixcache.events.publisher import EventPublisher
 from radixcache.namespace import Namespace
 from radixcache.request import Request
+from radixcache.tenants import QuotaBook
 from radixcache.tiers import TierConfig
 from radixcache.transfer import KVSpec
 
@@ -62,8 +63,11 @@ class Runner:
         for layer in range(self.cache.spec.num_layers):
             k, v = self.kv.layer_slots(layer)
             val = expected_kv(toks, pos, layer).to(k.dtype).to(k.device).view(-1, 1, 1)
-            k[slots] = val
-            v[slots] = -val
+            val = val.expand(-1, k.shape[1], k.shape[2])
+            # index_copy_/index_select, not k[slots] = ...: torch's advanced
+            # indexing on the CPU takes milliseconds where these take microseconds
+            k.index_copy_(0, slots, val)
+            v.index_copy_(0, slots, -val)
 
     def _check(self, req: Request) -> None:
         n = req.num_computed
@@ -74,7 +78,7 @@ class Runner:
         wrong = torch.zeros(n, dtype=torch.bool)
         for layer in (0, self.cache.spec.num_layers - 1):
             k, _ = self.kv.layer_slots(layer)
-            got = k[slots][:, 0, 0].float().cpu()
+            got = k.index_select(0, slots)[:, 0, 0].float().cpu()
             want = expected_kv(req.tokens[:n], pos, layer).to(k.dtype).float()
             wrong |= got != want
         if bool(wrong.any()):
@@ -120,20 +124,32 @@ class Runner:
         return out
 
 
-def build_cache(args: argparse.Namespace, spec: KVSpec, device: str,
-                store: DemoStore) -> RadixCache:
-    """The demo's cache; UsageError for a size or a storage folder it cannot use."""
+def cache_config(args: argparse.Namespace, spec: KVSpec, device: str, store: DemoStore | None,
+                 quotas: QuotaBook | None) -> CacheConfig:
+    """The demo's cache config: ``store``'s storage tier (None: device and
+    host tiers only), ``quotas`` (None: off); UsageError for a bad size."""
     try:
         tiers = overlay(TierConfig(
             host=overlay(host_pool_config(args), args, "host"),
             write_policy=args.write_policy,
             prefetch_policy=args.prefetch_policy,
-            storage=store.config,
+            storage=store.config if store is not None else None,
             model_id="radixcache-demo",
         ), args, "tiers")
-        return RadixCache(overlay(CacheConfig(spec=spec, device_pages=args.device_pages,
-                                              device=device, tiers=tiers, record_events=True),
-                                  args, "cache", skip=("device",)))
+        return overlay(CacheConfig(spec=spec, device_pages=args.device_pages, device=device,
+                                   tiers=tiers, record_events=True, quotas=quotas),
+                       args, "cache", skip=("device",))
+    except ValueError as err:  # bad sizes
+        raise UsageError(describe(err)) from None
+
+
+def build_cache(args: argparse.Namespace, spec: KVSpec, device: str,
+                store: DemoStore | None, quotas: QuotaBook | None = None) -> RadixCache:
+    """The demo's cache (``cache_config``); UsageError for a size or a
+    storage folder it cannot use."""
+    config = cache_config(args, spec, device, store, quotas)
+    try:
+        return RadixCache(config)
     except (ValueError, OSError) as err:  # bad sizes; unwritable, read-only or locked folder
         raise UsageError(describe(err)) from None
     except ImportError as err:  # a pool without the client library

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from radixcache.cli.quota_option import describe_quotas
 from radixcache.cli.replay.run import ReplayConfig, ReplayResult, replay
 from radixcache.cli.replay.trace import TraceRequest
 
@@ -83,7 +84,9 @@ class Planning:
         if c.host_pages:
             host = (f"host tier {c.host_pages:,} pages ({self.gb(c.host_pages, c.page_size):.1f} GB)"
                     f", write policy {c.write_policy}")
+        quotas = [] if c.quotas is None else [f"quotas: {describe_quotas(c.quotas)}"]
         return [
+            *quotas,
             f"trace: {self.trace}, {self.trace_part()}",
             f"warm-up: first {warm:,} requests ({c.warmup:.0%}) fill the cache and are not counted",
             f"pages of {c.page_size} tokens; {self.kv_label()}; {host}; eviction {c.eviction_policy}",
@@ -100,6 +103,6 @@ def ceiling(requests: Sequence[TraceRequest], base: ReplayConfig) -> float:
     pages = sum(-(-(r.input_length + (r.output_length if base.decode else 0)) // base.page_size)
                 for r in requests)
     unbounded = replace(base, device_pages=pages + 1, host_pages=0, storage_pages=0,
-                        storage_path=None)
+                        storage_path=None, quotas=None)
     figures = replay(requests, unbounded).figures
     return figures.ratio(figures.hit_tokens)

@@ -9,6 +9,7 @@ import argparse
 from radixcache.cli.config_option import add_config_option
 from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options
 from radixcache.cli.options import fraction, non_negative_int, positive_int, power_of_two
+from radixcache.cli.quota_option import add_quotas_option
 from radixcache.cli.replay.trace import BLOCK_SIZE
 from radixcache.cli.replay.run import __doc__ as REPLAY_DOC
 from radixcache.cli.replay.capacity import DEFAULT_MODEL, MODEL_PRESETS
@@ -49,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="hits before write_through_selective copies a node to host")
     p.add_argument("--eviction-policy", default="lru", choices=eviction_policy_names(),
                    help="device eviction order")
+    add_quotas_option(p, "per-tenant quotas of the replayed cache (the trace's requests carry "
+                      "no salt: tenant \"(none)\", or \"*\")")
     p.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
                    help="tokens per trace hash block (Mooncake: 512)")
     p.add_argument("--warmup", type=fraction, default=0.0,

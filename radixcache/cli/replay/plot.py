@@ -34,6 +34,7 @@ from rich.progress import (
 )
 
 from radixcache.cli.parser import UsageError, describe
+from radixcache.cli.quota_option import describe_quotas
 from radixcache.cli.hicache_options import GB
 from radixcache.cli.replay.capacity import DEFAULT_MODEL, MODEL_PRESETS, Planning, Sweep, ceiling
 from radixcache.cli.replay.figure import plot_sweep, require_matplotlib
@@ -71,7 +72,8 @@ def format_report(trace: str, result: ReplayResult) -> str:
         (f"replay of {trace}: {f.requests} requests counted ({f.warmup_requests} warmup, "
          f"{f.rejected_requests} rejected)"),
         (f"  pages of {c.page_size} tokens: device {c.num_device_pages}, {tiers}; "
-         f"eviction {c.eviction_policy}; " + ("with decode" if c.decode else "prefill only")),
+         f"eviction {c.eviction_policy}; " + ("with decode" if c.decode else "prefill only")
+         + (f"; quotas {describe_quotas(c.quotas)}" if c.quotas is not None else "")),
         f"  prompt tokens   {f.prompt_tokens:>12,}",
         (f"  hit tokens      {f.hit_tokens:>12,}  {pct(f.hit_tokens):6.2%}  (device "
          f"{pct(f.hit_device_tokens):.2%}, host {pct(f.hit_host_tokens):.2%}, storage "
@@ -225,7 +227,7 @@ def _config(args: argparse.Namespace) -> ReplayConfig:
         storage_pages=args.storage_pages, storage_path=args.storage_path,
         write_policy=args.write_policy, write_threshold=args.write_threshold,
         prefetch_policy=args.prefetch_policy, eviction_policy=args.eviction_policy,
-        block_size=args.block_size, warmup=args.warmup, decode=args.decode,
+        block_size=args.block_size, warmup=args.warmup, decode=args.decode, quotas=args.quotas,
     )
 
 

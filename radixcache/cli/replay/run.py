@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -60,7 +60,9 @@ from radixcache.errors import OutOfPagesError
 from radixcache.tree.policies import make_eviction_policy
 from radixcache.tiers import HostTiers, TierConfig
 from radixcache.transfer import KVSpec
+from radixcache.cli.quota_option import quota_document
 from radixcache.cli.replay.trace import BLOCK_SIZE, TraceRequest, decode_tokens, prompt_tokens
+from radixcache.tenants import QuotaBook
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
@@ -79,6 +81,8 @@ class ReplayConfig:
     warmup: float = 0.0  # leading fraction of requests replayed but not counted
     decode: bool = False  # also generate output_length tokens per request
     check_integrity: bool = False  # verify the cache after every request (slow)
+    # per-tenant quotas (--quotas); the trace's requests carry no salt: tenant "(none)"
+    quotas: QuotaBook | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         self.spec()  # validates the page size
@@ -134,12 +138,13 @@ class ReplayConfig:
             )
         return CacheConfig(
             spec=spec, device_pages=self.num_device_pages, eviction_policy=self.eviction_policy,
-            allocate_kv=tiers is not None, tiers=tiers,
+            allocate_kv=tiers is not None, tiers=tiers, quotas=self.quotas,
         )
 
     def describe(self) -> dict[str, object]:
-        d = asdict(self)
+        d = asdict(replace(self, quotas=None))
         d["device_pages"] = self.num_device_pages
+        d["quotas"] = None if self.quotas is None else quota_document(self.quotas)
         del d["check_integrity"]
         return d
 

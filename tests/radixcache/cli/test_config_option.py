@@ -14,6 +14,7 @@ import pytest
 from radixcache.cli import build_parser
 from radixcache.cli.config_option import apply_config, given_dests
 from radixcache.cli.parser import UsageError
+from radixcache.cli.quota_option import quota_document
 from radixcache.cli.replay.capacity import MODEL_PRESETS
 from tests.radixcache.cli.clikit import ROOT, TRACE, assert_one_line_error, run_cli
 
@@ -124,3 +125,64 @@ def test_replay_takes_the_keys_it_has_flags_for_and_the_kv_size(tmp_path: Path) 
                    "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pages of 512 tokens: device 40, host 48" in proc.stdout, proc.stdout
+
+
+QUOTAS = """
+[quotas.noisy]
+device_pages = 16
+
+[quotas.quiet]
+device_floor = 32
+"""
+
+
+def test_quotas_come_from_the_file_unless_the_flag_is_given(tmp_path: Path) -> None:
+    conf = config_file(tmp_path)
+    conf.write_text(conf.read_text() + QUOTAS)
+    expected = {"noisy": {"device_pages": 16}, "quiet": {"device_floor": 32}}
+    for argv in (["demo", "--config", str(conf)], ["replay", str(TRACE), "--config", str(conf)]):
+        args = parsed(argv)
+        assert quota_document(args.quotas) == expected
+        assert "quotas" not in args.config_fields
+        args = parsed([*argv, "--quotas", '{"*": {"device_pages": 8}}'])  # the whole table
+        assert quota_document(args.quotas) == {"*": {"device_pages": 8}}
+    assert build_parser().parse_args(["demo"]).quotas is None  # no file, no flag: quotas off
+    os.environ["RADIXCACHE__QUOTAS__NOISY__DEVICE_FLOOR"] = "4"
+    try:
+        args = parsed(["demo", "--config", str(conf)])
+    finally:
+        del os.environ["RADIXCACHE__QUOTAS__NOISY__DEVICE_FLOOR"]
+    assert quota_document(args.quotas)["noisy"] == {"device_pages": 16, "device_floor": 4}
+
+
+def test_the_noisy_neighbor_runs_the_files_quotas_and_leaves_its_storage_alone(
+        tmp_path: Path) -> None:
+    conf = config_file(tmp_path)  # [storage] and [events]: not used by this mode
+    conf.write_text(conf.read_text().replace("device_pages = 40", "device_pages = 64") + QUOTAS)
+    proc = run_cli("demo", "--noisy-neighbor", "--config", str(conf), "--device", "cpu",
+                   "--chats", "2", "--turns", "2", "--system", "64", "--user", "32",
+                   "--decode", "2", "--noisy-prompt", "128")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ('quotas (from --quotas or --config): {"noisy": {"device_pages": 16}, '
+            '"quiet": {"device_floor": 32}}') in proc.stdout
+    assert "device 64 pages (64 KiB), host 48 pages" in proc.stdout  # the file's sizes
+    assert not (tmp_path / "store").exists()
+    assert_one_line_error(run_cli("demo", "--noisy-neighbor", "--config", str(conf),
+                                  "--storage-mib", "8"), "demo", "--storage-mib not used here")
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[quotas.noisy]\ndevice_pages = 2\ndevice_floor = 3\n",
+     " [quotas]['noisy']: TenantQuota: device_floor=3 is above device_pages=2"),
+    ("[quotas.noisy]\ndevice_pagez = 2\n",
+     ": Object contains unknown field `device_pagez` - at `$.quotas.noisy`"),
+    ('[quotas."tenant-a"]\nhost_pages = "2"\n',
+     ': Expected `int | null`, got `str` - at `$.quotas["tenant-a"].host_pages`'),
+])
+def test_mistakes_in_the_files_quotas_are_one_line(tmp_path: Path, table: str,
+                                                   message: str) -> None:
+    conf = config_file(tmp_path)
+    conf.write_text(conf.read_text() + table)
+    for command in (["demo"], ["replay", str(TRACE)]):
+        assert_one_line_error(run_cli(*command, "--config", str(conf)), command[0],
+                              f"--config: {conf}{message}")

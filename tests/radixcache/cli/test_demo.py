@@ -106,3 +106,16 @@ def test_hicache_host_pool_names(tmp_path: Path, capsys: pytest.CaptureFixture[s
                "best_effort", "--storage-path", str(tmp_path / "b"), "--events", "none")
     assert "host 100 pages" in out
     assert "write policy write_back, prefetch best_effort" in out
+
+
+def test_quotas_bound_the_demos_tenants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = demo(capsys, *SMALL_DEMO, "--events", "none", "--storage-path", str(tmp_path / "s"),
+               "--quotas", '{"tenant-0": {"device_pages": 8}, "*": {"device_floor": 4}}')
+    lines = dict(re.findall(r"^    (tenant-\d): (.*)$", out, re.M))
+    assert set(lines) == {"tenant-0", "tenant-1"}
+    assert re.search(r"; ([0-8]) device pages, \d+ evicted for its limit; quota device_pages=8$",
+                     lines["tenant-0"]), lines
+    assert lines["tenant-1"].endswith("quota device_floor=4"), lines
+    assert "none wrong" in out
+    plain = demo(capsys, *SMALL_DEMO, "--events", "none", "--storage-path", str(tmp_path / "t"))
+    assert "tenants (with quotas)" not in plain

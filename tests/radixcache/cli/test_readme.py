@@ -74,6 +74,13 @@ SMALL_DEMOS = [
     "--kill-node 0",
 ]
 SEALED_DEMO = "radixcache demo --fresh --chats 2 --turns 2 --storage-key-file rx.key"
+NOISY = "radixcache demo --noisy-neighbor"  # its figures are the README's table
+NOISY_DEMOS = [
+    NOISY,
+    "radixcache demo --noisy-neighbor --quotas '{\"noisy\": {\"device_pages\": 32}, "
+    "\"quiet\": {\"device_floor\": 64}}'",
+    "radixcache demo --noisy-neighbor --config examples/quotas.toml",
+]
 SWEEP = (f"radixcache replay {TRACE} --sweep 1024,2048,4096,8192,16384,32768,65536 "
          "--warmup 0.1 --model llama-3-8b --out docs/replay_mooncake")
 PLOT = importlib.util.find_spec("matplotlib") is not None
@@ -93,6 +100,7 @@ RUNS: dict[str, Run] = {
         None, "test_config_option.py runs it on the shipped trace with a config file"),
     "radixcache demo -h": Run(_cli("radixcache demo -h"), "as written"),
     **{c: Run(_cli(c), "as written") for c in SMALL_DEMOS},
+    **{c: Run(_cli(c), "as written (examples/ from the repository root)") for c in NOISY_DEMOS},
     f"radixcache replay {TRACE} --device-pages 1024 --host-pages 4096": Run(
         _cli(f"radixcache replay {TRACE} --device-pages 1024 --host-pages 4096"), "as written"),
     SEALED_DEMO: Run(
@@ -177,6 +185,11 @@ def test_readme_command_runs(command: str, tmp_path: Path) -> None:
         assert re.search(r"storage hits [1-9]\d* tokens", proc.stdout), proc.stdout
         assert re.search(r"bit-exact check on B: [1-9]\d* cached tokens .*, 0 wrong$",
                          proc.stdout, re.M), proc.stdout
+    elif "--noisy-neighbor" in command:
+        assert "none wrong" in proc.stdout and "no storage tier" in proc.stdout
+        assert "(meets the goal of >= 90%)" in proc.stdout, proc.stdout
+        if command == NOISY:
+            check_noisy_table(proc.stdout)
     elif "valkey://auto" in command:
         assert "none wrong" in proc.stdout
         assert re.search(r"^scratch pool valkey://127\.0\.0\.1:\d+/0: it stops with the demo",
@@ -208,3 +221,16 @@ def check_sweep_table(path: Path) -> None:
         assert int(row["rejected_requests"]) == 0
     ceiling = {round(100 * float(r["ceiling_hit_ratio"]), 1) for r in rows.values()}
     assert ceiling == {70.5} and "70.5% (the trace's ceiling)" in README
+
+
+def check_noisy_table(out: str) -> None:
+    """The README's noisy-neighbor table is what the run printed, row by row,
+    and the config file shown is the shipped example's."""
+    printed = re.findall(r"^(quiet alone|both, no quotas|both, with quotas)\s+([\d.]+%)\s+"
+                         r"([\d.]+%)\s+(-|[\d.]+%)\s+(\S+)$", out, re.M)
+    table = re.findall(r"^\| (quiet alone|both, no quotas|both, with quotas) \| ([\d.]+%) \| "
+                       r"([\d.]+%) \| (-|[\d.]+%) \| (\S+) \|$", README, re.M)
+    assert len(printed) == 3 and table == printed, (table, printed)
+    example = (ROOT / "examples" / "quotas.toml").read_text()
+    shown = re.search(r"```toml\n(\[quotas\.noisy\].*?)```", README, re.S)
+    assert shown is not None and shown.group(1) in example

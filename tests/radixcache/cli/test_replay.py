@@ -336,3 +336,26 @@ def test_a_sweep_sizes_hardware_gb_warm_up_ceiling_part_of_trace_host_and_reject
     assert ceiling and list(ceiling[0].get_ydata()) == [0.5, 0.5]
     texts = [t.get_text() for t in ax.texts]
     assert any("1 rejected" in t for t in texts)
+
+
+def test_cli_quotas_bound_the_replayed_cache(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The trace's requests carry no salt: "(none)" (or "*") bounds them, another
+    tenant's quota does not; the report and the JSON say which quotas ran."""
+    trace = write_trace(tmp_path / "t.jsonl", HANDMADE)
+    hits = {}
+    for quotas in ('{"(none)": {"device_pages": 1}}', '{"*": {"device_pages": 1}}',
+                   '{"someone": {"device_pages": 1}}'):
+        out = tmp_path / "r.json"
+        assert main(["replay", str(trace), "--device-pages", "64", "--quiet", "--quotas", quotas,
+                     "--json", str(out)]) == 0
+        assert f"; quotas {quotas}" in capsys.readouterr().out
+        report = json.loads(out.read_text())
+        assert report["config"]["quotas"] == json.loads(quotas)
+        hits[quotas] = report["figures"]["hit_tokens"]
+    # one cached page at most: only the first block is ever hit again (3 requests share it)
+    assert hits['{"(none)": {"device_pages": 1}}'] == hits['{"*": {"device_pages": 1}}'] == 3 * B
+    assert hits['{"someone": {"device_pages": 1}}'] == 2560  # as without quotas
+    assert main(["replay", str(trace), "--quotas", '{"*": {"host_floor": "2"}}']) == 2
+    assert "argument --quotas: quotas['*']: TenantQuota.host_floor must be a non-negative int" \
+        in capsys.readouterr().err

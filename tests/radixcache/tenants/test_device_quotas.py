@@ -180,3 +180,20 @@ def test_the_readme_example_runs() -> None:
     assert cache.tenants.quota("tenant-b").device_pages == 512
     assert cache.tenants.quota("tenant-a").device_floor == 1024
     assert cache.tenants.quota("zzz").device_pages == 1024
+
+
+def test_pages_left_out_by_a_limit_are_counted_once_across_commits() -> None:
+    cache = make(64, {"a": TenantQuota(device_pages=2)})
+    tokens = prompt(0, 10)
+    req = cache.admit(tokens, A)
+    cache.reserve(req, 10 * P)
+    cache.commit(req, 10 * P)  # 10 pages computed, 2 fit
+    assert cache.tenants.stats()["a"].counters.dropped_pages == 8
+    for i in range(2 * P):  # decode: one token per commit, 2 more pages
+        cache.extend(req, [7])
+        cache.reserve(req, 1)
+        cache.commit(req, 1)
+    assert req.shared_pages == 2
+    assert cache.tenants.stats()["a"].counters.dropped_pages == 10  # 8 + the 2 new pages
+    cache.release(req)
+    cache.check_integrity()
