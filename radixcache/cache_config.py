@@ -93,6 +93,27 @@ def quota_book(quotas: object) -> QuotaBook | None:
     return QuotaBook(quotas)
 
 
+StorageQuota = tuple[int | None, int]  # (limit bytes or None, floor bytes)
+
+
+def storage_quotas(
+    book: QuotaBook | None,
+) -> tuple[dict[bytes | None, StorageQuota], StorageQuota | None]:
+    """The storage byte quotas ``book`` sets (``storage_bytes``,
+    ``storage_floor``), as the LMDB store takes them: per tenant, and for
+    tenants not listed (None: the book sets none). A quota that sets neither
+    is left out: the store's own ``StorageConfig`` quota holds for it."""
+    if book is None:
+        return {}, None
+
+    def sets(q: TenantQuota) -> bool:
+        return q.storage_bytes is not None or q.storage_floor > 0
+
+    quotas = {t: (q.storage_bytes, q.storage_floor) for t, q in book.items() if sets(q)}
+    d = book.default
+    return quotas, ((d.storage_bytes, d.storage_floor) if sets(d) else None)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheIndex:
     """What ``build_index`` made."""
@@ -134,7 +155,7 @@ def build_index(
         index,
         kv,
         config.tiers,
-        open_storage(config.tiers, config.spec),
+        open_storage(config.tiers, config.spec, *storage_quotas(quota_book(config.quotas))),
         allocate_device,
         free_device,
     )

@@ -5,7 +5,9 @@
                   the contract's calls are the shared base's
     opening.py    open_lmdb_storage: a damaged store is moved aside, an
                   unusable one disables the tier
-    index.py      the in-memory recency index (LRU eviction, capacity)
+    index.py      the in-memory recency index (LRU eviction, capacity),
+                  per tenant
+    quotas.py     per-tenant byte quotas (limit, floor): checks, counters
     reader.py     the read transport: zero-copy values from the memory map
     writer.py     the write transport: one transaction per writer step,
                   making room (eviction, map growth, disk reserve)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from radixcache.offload.lmdb.config import DURABILITY_MODES, OPEN_ERROR_MODES, StorageConfig
 from radixcache.offload.lmdb.opening import open_lmdb_storage
+from radixcache.offload.lmdb.quotas import TenantStorageStats
 from radixcache.offload.lmdb.storage import LmdbStorage
 
 __all__ = [
@@ -27,5 +30,6 @@ __all__ = [
     "OPEN_ERROR_MODES",
     "LmdbStorage",
     "StorageConfig",
+    "TenantStorageStats",
     "open_lmdb_storage",
 ]

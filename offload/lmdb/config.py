@@ -16,15 +16,25 @@ Encryption at rest (offload/storage/crypt/): ``key_file`` (a file of master
 keys) or ``key_env`` (the name of an environment variable holding them);
 neither: records in the clear.
 
+Per-tenant byte quotas (offload/lmdb/quotas.py): ``tenant_quotas`` maps a
+tenant (the ``tenant`` that ``put`` is given: a namespace's cache salt,
+type-tagged; None for no salt) to ``(limit bytes or None, floor bytes)``;
+``tenant_quota_default`` is the quota of every tenant not listed. A tenant
+at its limit evicts its own least recently used records; capacity eviction
+never takes a tenant below its floor; a put that cannot be placed either way
+is dropped (counted per tenant), never an error.
+
 This module imports no LMDB: ``storage_config`` builds a config without it.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from radixcache.offload.storage.checks import positive_int
+from radixcache.offload.lmdb.quotas import UNLIMITED, ByteQuota, TenantKey, check_quotas
 from radixcache.offload.storage.crypt import KeySource
 
 DURABILITY_MODES = ("safe", "fast")
@@ -55,6 +65,10 @@ class StorageConfig:
     # variable holding them (never the keys themselves); neither: in the clear.
     key_file: str | None = None
     key_env: str | None = None
+    # Per-tenant byte quotas: tenant -> (limit bytes or None, floor bytes), and
+    # the quota of tenants not listed (see the module docstring).
+    tenant_quotas: Mapping[TenantKey, ByteQuota] = field(default_factory=dict, hash=False)
+    tenant_quota_default: ByteQuota = UNLIMITED
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
@@ -89,6 +103,13 @@ class StorageConfig:
                 f"disk_reserve_ratio must lie in [0, 0.5), got {self.disk_reserve_ratio!r}"
             )
         KeySource(self.key_file, self.key_env)  # validates them
+        quotas, default = check_quotas(self.tenant_quotas, self.tenant_quota_default)
+        object.__setattr__(self, "tenant_quotas", quotas)  # a private, checked copy
+        object.__setattr__(self, "tenant_quota_default", default)
+
+    def tenant_quota(self, tenant: TenantKey) -> ByteQuota:
+        """``(limit bytes or None, floor bytes)`` of ``tenant``."""
+        return self.tenant_quotas.get(tenant, self.tenant_quota_default)
 
     @property
     def keys(self) -> KeySource:

@@ -3,10 +3,11 @@
 ``LmdbEnv`` opens what ``LmdbStorage`` stands on, in order: it creates the
 directory if missing and takes its owner lock (``radixcache.lock``: one
 process has a store open at a time), opens the environment (``writemap``,
-durability flags from the config) and its three named databases, checks the
+durability flags from the config) and its four named databases, checks the
 fingerprint the store was last written for (records of another one never hit
-and age out) and rebuilds the recency index from the records' write sequence
-numbers. The reader, the writer and the storage share it; ``close`` gives
+and age out), loads the namespace tag -> tenant map (offload/lmdb/txn.py)
+(tenant ids: offload/lmdb/quotas.py) and rebuilds the recency index from the records' write sequence numbers,
+each record under its tenant. The reader, the writer and the storage share it; ``close`` gives
 the environment and the lock back (after they stopped).
 
 The owner lock is an ``flock`` on ``radixcache.lock``, which belongs to the
@@ -30,6 +31,7 @@ import lmdb
 
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.index import RecencyIndex
+from radixcache.offload.lmdb.quotas import SECRET_BYTES, TenantKey
 from radixcache.offload.lmdb.space import MapGate, grow_map
 from radixcache.offload.storage import ModelFingerprint, StorageOpenError
 from radixcache.offload.storage import record as rec
@@ -53,10 +55,13 @@ class LmdbEnv:
             raise
         self.index = RecencyIndex()  # record keys, sizes, least recently used first
         self.gate = MapGate()  # read txns vs. the writer growing the map
+        self.tag_tenant: dict[bytes, TenantKey] = {}  # namespace tag -> tenant id (tenants db)
+        self.tenant_secret = b""  # the key of tenant ids (offload/lmdb/quotas.py), from meta
         try:
             self.pages = self.env.open_db(b"pages")  # record key -> record
             self.ns = self.env.open_db(b"ns", dupsort=True)  # namespace tag -> record keys
             self.meta = self.env.open_db(b"meta")  # fingerprint, tick
+            self.tenants = self.env.open_db(b"tenants")  # namespace tag -> tenant id
             try:
                 self.next_seq = self._load(fingerprint)  # write seq of the next record
             except lmdb.MapFullError:  # reopened with a smaller map than the data needs
@@ -70,9 +75,9 @@ class LmdbEnv:
             raise
 
     @property
-    def dbs(self) -> tuple[lmdb._Database, lmdb._Database, lmdb._Database]:
+    def dbs(self) -> tuple[lmdb._Database, ...]:
         """Every named database (for page accounting)."""
-        return (self.pages, self.ns, self.meta)
+        return (self.pages, self.ns, self.meta, self.tenants)
 
     def close(self) -> None:
         """Close the environment and give the owner lock back (in a forked
@@ -112,7 +117,7 @@ class LmdbEnv:
             return lmdb.open(
                 path,
                 map_size=config.map_size,
-                max_dbs=3,
+                max_dbs=4,
                 sync=True,
                 metasync=config.durability == "safe",
                 writemap=True,  # see "Write path" in offload/lmdb/storage.py
@@ -122,10 +127,11 @@ class LmdbEnv:
             raise StorageOpenError(f"cannot open the LMDB store in {path!r}: {exc}") from exc
 
     def _load(self, fingerprint: ModelFingerprint) -> int:
-        """Check the fingerprint and rebuild the index; returns the next write seq."""
+        """Check the fingerprint, load the tenant map and rebuild the index;
+        returns the next write seq."""
         mine = fingerprint.describe().encode()
         prefix = fingerprint.digest()
-        entries: list[tuple[int, bytes, int]] = []
+        entries: list[tuple[int, bytes, int, TenantKey]] = []
         foreign = 0
         with self.env.begin(write=True, buffers=True) as txn:
             seen = txn.get(b"fingerprint", db=self.meta)
@@ -138,9 +144,20 @@ class LmdbEnv:
                     mine.decode(),
                 )
             txn.put(b"fingerprint", mine, db=self.meta)
+            stored = txn.get(b"tenant-secret", db=self.meta)
+            secret = b"" if stored is None else bytes(stored)
+            if len(secret) != SECRET_BYTES:
+                secret = os.urandom(SECRET_BYTES)  # a new store (or one from before ids)
+                txn.put(b"tenant-secret", secret, db=self.meta)
+            self.tenant_secret = secret
+            tags = self.tag_tenant
+            for tag_key, tid in txn.cursor(db=self.tenants):
+                tags[bytes(tag_key)] = decode_tenant(tid)
             for key, value in txn.cursor(db=self.pages):
                 seq = rec.read_seq(value)
-                entries.append((-1 if seq is None else seq, bytes(key), len(value)))
+                ns_tag = rec.read_namespace_tag(value)
+                owner = None if ns_tag is None else tags.get(ns_tag)
+                entries.append((-1 if seq is None else seq, bytes(key), len(value), owner))
                 foreign += not bytes(key).startswith(prefix)
         self.index.load(entries)
         if foreign:
@@ -150,7 +167,18 @@ class LmdbEnv:
                 foreign,
                 len(entries),
             )
-        return max((seq for seq, _k, _s in entries), default=-1) + 1
+        return max((seq for seq, _k, _s, _t in entries), default=-1) + 1
+
+
+def encode_tenant(tenant: TenantKey) -> bytes:
+    """A tenant id as the ``tenants`` database holds it (None and b"" differ)."""
+    return b"\x00" if tenant is None else b"\x01" + tenant
+
+
+def decode_tenant(value: memoryview | bytes) -> TenantKey:
+    """The tenant ``encode_tenant`` wrote (a value it did not write: None)."""
+    raw = bytes(value)
+    return raw[1:] if raw[:1] == b"\x01" else None
 
 
 def _drop_lock_in_child(store: LmdbEnv) -> None:

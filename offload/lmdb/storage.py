@@ -1,11 +1,13 @@
 """LmdbStorage: the storage tier as one LMDB environment on local disk.
 
-Layout of the environment (one directory, three named databases)::
+Layout of the environment (one directory, four named databases)::
 
     pages : record key (8 B fingerprint + page key) -> record value   (format: offload/storage/record.py)
     ns    : namespace tag (16 B) -> record keys  (dupsort: the namespace index)
     meta  : b"fingerprint" -> fingerprint text   (of the last process to open it)
             b"tick" -> counter                   (commits that only advance the txn id)
+            b"tenant-secret" -> 32 B              (the key of tenant ids: offload/lmdb/quotas.py)
+    tenants : namespace tag (16 B) -> tenant id  (per-tenant quotas: offload/lmdb/txn.py)
 
 plus ``radixcache.lock``, an advisory lock held by the one process that has
 the store open: the index and the capacity accounting live in that process.
@@ -52,6 +54,7 @@ import numpy as np
 from radixcache.events.types import DISK, Medium
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.env import LmdbEnv
+from radixcache.offload.lmdb.quotas import TenantKey, TenantStorageStats, tenant_id
 from radixcache.offload.lmdb.reader import LmdbReader
 from radixcache.offload.lmdb.writer import LmdbWriter
 from radixcache.offload.storage import (
@@ -89,12 +92,14 @@ class LmdbStorage(StorageBase):
         self.path = store.path
         self._prefix = self._digest  # record-key prefix (invariant 8)
         self._env, self._gate, self._index = store.env, store.gate, store.index
-        self._pages, self._ns, self._meta = store.dbs
+        self._pages, self._ns, self._meta, self._tenants = store.dbs
         self._removals = RemovalLog()
         record_bytes = rec.page_record_size(spec.page_size, spec.page_bytes)
-        self._writer = LmdbWriter(
+        writer = LmdbWriter(
             self.where, self._counters, self._removals, store, config, self._prefix, record_bytes
         )
+        self._writer = writer
+        self._lmdb_writer = writer  # the same, as its own class (tenant counters)
         self._reader = LmdbReader(store, self._writer, num_readers=config.num_readers)
 
     @property
@@ -151,6 +156,26 @@ class LmdbStorage(StorageBase):
             capacity_bytes=self.config.capacity_bytes,
         )
 
+    def tenant_stats(self) -> dict[TenantKey, TenantStorageStats]:
+        """Each tenant's records, bytes, quota and counters (offload/lmdb/quotas.py),
+        keyed by tenant: every tenant with a quota set and every tenant a put
+        named since the store opened. (The store knows the others, records
+        of earlier runs not yet put again, only by id.) Any thread."""
+        totals = self._index.tenant_totals()
+        counters = self._lmdb_writer.tenant_counters
+        counts = counters.snapshot()
+        named = counters.seen()
+        secret = self._store.tenant_secret
+        for tenant in self.config.tenant_quotas:
+            named.setdefault(tenant_id(secret, tenant), tenant)
+        out: dict[TenantKey, TenantStorageStats] = {}
+        for tid, tenant in named.items():
+            records, nbytes = totals.get(tid, (0, 0))
+            quota_evicted, dropped = counts.get(tid, (0, 0))
+            limit, floor = self.config.tenant_quota(tenant)
+            out[tenant] = TenantStorageStats(records, nbytes, limit, floor, quota_evicted, dropped)
+        return out
+
     def _release(self) -> None:
         self._store.close()  # the environment, then the owner lock
 
@@ -167,3 +192,9 @@ class LmdbStorage(StorageBase):
             f"records hold {total} B, index says {self._index.nbytes}"
         )
         assert all(k in self._index for k in stored), "a stored record is missing from the index"
+        totals: dict[TenantKey, tuple[int, int]] = {}  # recounted from the records' tags
+        for key, size in stored.items():
+            tenant = self._index.tenant_of(key)
+            records, nbytes = totals.get(tenant, (0, 0))
+            totals[tenant] = (records + 1, nbytes + size)
+        assert totals == self._index.tenant_totals(), "per-tenant totals differ from a recount"

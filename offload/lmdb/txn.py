@@ -5,6 +5,17 @@ inside one write transaction; it records what the transaction changed in a
 ``TxnEffects``, which the writer applies (index, counters, tickets, removal
 log) only once the transaction committed (offload/lmdb/writer.py). Nothing
 here commits, touches the index or finishes a ticket. Writer thread only.
+
+Tenants (offload/lmdb/quotas.py): the ``tenants`` database maps each
+namespace tag to the id of the tenant its first put named (``encode_tenant``;
+an id, never the tenant itself), written
+in the transaction that writes the namespace's first record and deleted by
+``forget``. A record's tenant is its namespace's, so at open the index gets
+every record's tenant id from the namespace tag in its header (in the clear in
+sealed records too) through that map: the per-tenant totals after a restart
+are those before it. (The engine's namespaces each have one tenant, their
+salt; a namespace put under two tenants counts for the first.) Records of a
+namespace not in the map (written before there was one) count for None.
 """
 
 from __future__ import annotations
@@ -13,7 +24,8 @@ from dataclasses import dataclass, field
 
 import lmdb
 
-from radixcache.offload.lmdb.env import LmdbEnv
+from radixcache.offload.lmdb.env import LmdbEnv, encode_tenant
+from radixcache.offload.lmdb.quotas import TenantCounters, TenantKey, tenant_id
 from radixcache.offload.storage import ForgetJob, PutJob
 from radixcache.offload.storage import record as rec
 
@@ -24,7 +36,7 @@ Txn = lmdb.Transaction  # a write transaction with buffers=True (values are memo
 class TxnEffects:
     """What one write transaction changed; applied once it committed."""
 
-    added: dict[bytes, int] = field(default_factory=dict)  # new records -> value bytes
+    added: dict[bytes, tuple[int, TenantKey]] = field(default_factory=dict)  # new -> (bytes, tenant id)
     dropped: list[bytes] = field(default_factory=list)  # keys to drop from the index
     removed: list[bytes] = field(default_factory=list)  # records removed (to publish)
     touched: list[bytes] = field(default_factory=list)  # stored keys a put found
@@ -33,25 +45,57 @@ class TxnEffects:
     evicted: int = 0  # records evicted for room
     deleted: int = 0  # records removed by delete()/forget_namespace()
     freed: int = 0  # bytes of the records removed (reusable two commits later)
+    tagged: dict[bytes, TenantKey] = field(default_factory=dict)  # namespace tags -> tenant id, new
+    untagged: set[bytes] = field(default_factory=set)  # namespace tags forgotten
+    quota_evicted: dict[TenantKey, int] = field(default_factory=dict)  # evicted for a limit
+    dropped_pages: dict[TenantKey, int] = field(default_factory=dict)  # put pages not written
+
+    def count(self, counts: dict[TenantKey, int], tenant: TenantKey, n: int = 1) -> None:
+        """Add ``n`` to ``tenant``'s entry of ``counts`` (one of the dicts above)."""
+        counts[tenant] = counts.get(tenant, 0) + n
 
 
 class TxnBody:
     """The record operations of write transactions on one environment."""
 
-    def __init__(self, store: LmdbEnv, next_seq: int) -> None:
+    def __init__(self, store: LmdbEnv, next_seq: int, counters: TenantCounters) -> None:
         self._pages = store.pages  # record key -> record
         self._ns = store.ns  # namespace tag -> record keys (dupsort)
         self._meta = store.meta  # store-wide records (fingerprint, tick)
+        self._tenants = store.tenants  # namespace tag -> tenant (see the module docstring)
+        self._tag_tenant = store.tag_tenant  # ... in memory; changed by the writer after a commit
+        self._secret = store.tenant_secret  # the key of tenant ids
+        self._counters = counters  # learns which tenant each id is
         self._index = store.index  # read here, changed by the writer after a commit
         self._next_seq = next_seq  # write sequence number of the next record
         self._staging = bytearray(0)  # each record is built here, then put (reused)
         self._ticks = 0  # commits made only to advance LMDB's transaction id
 
-    def put(self, txn: Txn, job: PutJob, effects: TxnEffects, budget: int) -> int:
+    def tenant_of(self, job: PutJob) -> TenantKey:
+        """The tenant id a put job's new records will count for (as committed so far)."""
+        if job.ns_tag in self._tag_tenant:
+            return self._tag_tenant[job.ns_tag]
+        return self.tenant_id(job.tenant)
+
+    def tenant_id(self, tenant: TenantKey) -> TenantKey:
+        """The id of ``tenant`` in this store (offload/lmdb/quotas.py)."""
+        return tenant_id(self._secret, tenant)
+
+    def put(
+        self,
+        txn: Txn,
+        job: PutJob,
+        effects: TxnEffects,
+        budget: int,
+        limits: dict[TenantKey, int],
+    ) -> int:
         """Write one put job's records into ``txn`` (keys already stored are
-        kept); returns the byte budget left."""
+        kept); returns the byte budget left. ``limits``: the bytes each tenant
+        with a limit may still add (this job's use is taken off). Pages past
+        the first that fits in neither are dropped (counted)."""
         host_bytes = job.host.as_bytes()
         gone = set(effects.dropped)
+        tenant = self._tenant(txn, job, effects)
         for i, rkey in enumerate(job.keys):
             if rkey in effects.added or (rkey in self._index and rkey not in gone):
                 effects.touched.append(rkey)
@@ -59,8 +103,10 @@ class TxnBody:
                 job.result += 1
                 continue
             size = job.record_bytes(i)
-            if size > budget:
-                break  # no room left, even after evicting every older record
+            if size > budget or size > limits.get(tenant, size):
+                # no room left, even after evicting every older record it may
+                effects.count(effects.dropped_pages, tenant, len(job.keys) - i)
+                break
             if len(self._staging) != size:
                 self._staging = bytearray(size)
             value = self._staging
@@ -68,16 +114,31 @@ class TxnBody:
             self._next_seq += 1
             if txn.put(rkey, value, overwrite=False, db=self._pages):  # LMDB copies it
                 txn.put(job.ns_tag, rkey, db=self._ns)
-                effects.added[rkey] = len(value)
+                effects.added[rkey] = (len(value), tenant)
                 effects.written += 1
                 budget -= len(value)
+                if tenant in limits:
+                    limits[tenant] -= len(value)
             else:  # on disk but not in the index: written by another process
                 existing = txn.get(rkey, db=self._pages)
                 assert existing is not None, "put(overwrite=False) refused a missing key"
-                effects.added[rkey] = len(existing)
+                effects.added[rkey] = (len(existing), tenant)
                 effects.skipped += 1
             job.result += 1
         return budget
+
+    def _tenant(self, txn: Txn, job: PutJob, effects: TxnEffects) -> TenantKey:
+        """The tenant id of the job's namespace, recording it in ``txn`` if new."""
+        tag = job.ns_tag
+        if tag in effects.tagged:
+            return effects.tagged[tag]
+        if tag in self._tag_tenant and tag not in effects.untagged:
+            return self._tag_tenant[tag]
+        tid = self.tenant_id(job.tenant)
+        self._counters.saw(tid, job.tenant)
+        txn.put(tag, encode_tenant(tid), db=self._tenants)
+        effects.tagged[tag] = tid
+        return tid
 
     def forget(self, txn: Txn, job: ForgetJob, effects: TxnEffects) -> None:
         """Remove every record indexed under the job's namespace tag, and the index entry."""
@@ -86,6 +147,9 @@ class TxnBody:
         for rkey in rkeys:
             job.result += self.remove(txn, rkey, effects)
         txn.delete(job.ns_tag, db=self._ns)  # any entry left whose record was gone
+        txn.delete(job.ns_tag, db=self._tenants)
+        effects.tagged.pop(job.ns_tag, None)
+        effects.untagged.add(job.ns_tag)
         effects.deleted += job.result
 
     def remove(self, txn: Txn, rkey: bytes, effects: TxnEffects) -> bool:

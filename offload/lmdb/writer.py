@@ -19,6 +19,13 @@ first, in the same transaction that adds new ones. A full LMDB map or a nearly
 full disk (offload/lmdb/space.py) is met by evicting more (and growing the map);
 if that cannot help, the step fails. A failing transaction is aborted and
 fails every ticket of its step (the shared writer's contract).
+
+Tenant quotas (offload/lmdb/quotas.py), in the same transaction: first each
+tenant with a limit that the step's puts would take over it evicts its own
+least recently used records; then capacity eviction (least recently used
+over every tenant) skips what would take a tenant below its floor; pages
+that still do not fit are not written (dropped, counted per tenant). Every
+eviction is a removal like any other: published after the commit.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import lmdb
 
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.env import LmdbEnv
+from radixcache.offload.lmdb.quotas import ByteQuota, TenantCounters, TenantKey
 from radixcache.offload.lmdb.space import DiskReserve, disk_room, grow_map, preallocate
 from radixcache.offload.lmdb.txn import Txn, TxnBody, TxnEffects
 from radixcache.offload.storage import (
@@ -65,10 +73,19 @@ class LmdbWriter(JobWriter):
         self._dbs = store.dbs  # every named database (for page accounting)
         self._gate = store.gate  # readers hold it shared; a map resize takes it alone
         self._index = store.index
-        self._body = TxnBody(store, next_seq=store.next_seq)
+        self.tenant_counters = TenantCounters()  # quota evictions, dropped pages, per tenant id
+        self._body = TxnBody(store, next_seq=store.next_seq, counters=self.tenant_counters)
         self._reserve = DiskReserve(config.disk_reserve_bytes, config.disk_reserve_ratio)
         self._prefix = prefix
         self._capacity = config.capacity_bytes
+        # Quotas by tenant id (the index's tenants): id -> (limit or None, floor).
+        self._quotas = {self._body.tenant_id(t): q for t, q in config.tenant_quotas.items()}
+        self._default_quota = config.tenant_quota_default
+        floors = self._default_quota[1] or any(f for _l, f in self._quotas.values())
+        self._floor: Callable[[TenantKey], int] | None = (
+            (lambda tid: self._quota(tid)[1]) if floors else None
+        )  # None: no floors (capacity eviction need not look at tenants)
+        self._tag_tenant = store.tag_tenant  # namespace tag -> tenant id, as committed
         self._last_freed = 0  # bytes the last commit freed: not reusable by the next one
         self._data_fd = os.open(os.path.join(self._path, "data.mdb"), os.O_RDWR)  # preallocate()
         batch_pages = max(1, min(config.max_batch_pages, config.max_batch_bytes // record_bytes))
@@ -81,6 +98,10 @@ class LmdbWriter(JobWriter):
         super().close()
         os.close(self._data_fd)
 
+    def _quota(self, tid: TenantKey) -> ByteQuota:
+        """(limit bytes or None, floor bytes) of the tenant of id ``tid``."""
+        return self._quotas.get(tid, self._default_quota)
+
     def _run_batch(self, batch: list[WriteJob]) -> None:
         effects = self._commit_making_room(batch)
         self._publish(effects, batch)
@@ -88,7 +109,12 @@ class LmdbWriter(JobWriter):
     def _publish(self, effects: TxnEffects, batch: list[WriteJob]) -> None:
         """Make a committed transaction visible (see the order in the module doc)."""
         self._last_freed = effects.freed
+        for tag in effects.untagged:
+            self._tag_tenant.pop(tag, None)
+        self._tag_tenant.update(effects.tagged)
         self._index.apply(effects.added, effects.dropped)
+        if effects.quota_evicted or effects.dropped_pages:
+            self.tenant_counters.add(effects.quota_evicted, effects.dropped_pages)
         if effects.touched:
             self._index.touch(effects.touched)
         self._counters.add(
@@ -141,7 +167,8 @@ class LmdbWriter(JobWriter):
         room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
         evicted = 0
         short = incoming - room
-        if short > 0 and sum(size for _k, size in self._index.oldest(short, keep)) >= short:
+        victims = self._index.oldest(short, keep, self._floor) if short > 0 else []
+        if short > 0 and sum(size for _k, size in victims) >= short:
             evicted = self._evict_for_room(short, keep)
             room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
         if room < incoming and self._last_freed:
@@ -163,22 +190,14 @@ class LmdbWriter(JobWriter):
 
     def _incoming(self, batch: list[WriteJob]) -> int:
         """Bytes of the records a batch would add (keys not stored yet)."""
-        seen: set[bytes] = set()
-        total = 0
-        for job in batch:
-            if isinstance(job, PutJob):
-                for i, rkey in enumerate(job.keys):
-                    if rkey not in self._index and rkey not in seen:
-                        seen.add(rkey)
-                        total += job.record_bytes(i)
-        return total
+        return sum(self._incoming_by_tenant(batch).values())
 
     def _evict_for_room(self, need: int, keep: set[bytes]) -> int:
         """Evict least recently used records (not in ``keep``) worth ``need``
         bytes, then tick so their pages can be reused. When the map is too full
         even to delete, or there is nothing to evict, grow the map. Returns the
         number of records evicted."""
-        victims = self._index.oldest(need, keep)
+        victims = self._index.oldest(need, keep, self._floor)
         if not victims:
             grow_map(self._env, self._gate)
             return 0
@@ -198,26 +217,43 @@ class LmdbWriter(JobWriter):
             return body(txn)
 
     def _commit(self, batch: list[WriteJob]) -> TxnEffects:
-        """Run ``batch`` in one write transaction, evicting for capacity first; commit."""
+        """Run ``batch`` in one write transaction, evicting for tenant limits
+        and for capacity first (see the module docstring); commit."""
         effects = TxnEffects()
         for job in batch:
             job.result = 0
         keep = _put_keys(batch)
-        incoming = self._incoming(batch)
-        excess = self._index.nbytes + incoming - self._capacity
-        victims = self._index.oldest(excess, keep) if excess > 0 else []
+        own, limits = self._limit_victims(batch, keep)
+        incoming = sum(
+            min(n, limits[t]) if t in limits else n for t, n in self._incoming_by_tenant(batch).items()
+        )
+        own_freed = sum(size for _k, _t, size in own)
+        excess = self._index.nbytes - own_freed + incoming - self._capacity
+        skip = keep | {key for key, _t, _s in own}
+        victims = [
+            (key, self._index.tenant_of(key), size)
+            for key, size in (self._index.oldest(excess, skip, self._floor) if excess > 0 else [])
+        ]
+        for _key, tenant, size in victims:
+            if tenant in limits:
+                limits[tenant] += size  # room the capacity eviction made within its limit
         body = self._body
         txn = self._env.begin(write=True, buffers=True)
         try:
             freed = 0
-            for rkey, size in victims:
+            for rkey, tenant, size in own:
+                if body.remove(txn, rkey, effects):
+                    effects.evicted += 1
+                    effects.count(effects.quota_evicted, tenant)
+                freed += size
+            for rkey, _tenant, size in victims:
                 if body.remove(txn, rkey, effects):
                     effects.evicted += 1
                 freed += size
             budget = self._capacity - (self._index.nbytes - freed)
             for job in batch:
                 if isinstance(job, PutJob):
-                    budget = body.put(txn, job, effects, budget)
+                    budget = body.put(txn, job, effects, budget, limits)
                 elif isinstance(job, DeleteJob):
                     for rkey in job.keys:
                         job.result += body.remove(txn, rkey, effects)
@@ -230,6 +266,39 @@ class LmdbWriter(JobWriter):
             raise
         txn.commit()
         return effects
+
+    def _limit_victims(
+        self, batch: list[WriteJob], keep: set[bytes]
+    ) -> tuple[list[tuple[bytes, TenantKey, int]], dict[TenantKey, int]]:
+        """For each tenant with a limit that the batch's puts would take over
+        it: its own least recently used records to evict (key, tenant, size);
+        and for each tenant with a limit, the bytes it may then add."""
+        own: list[tuple[bytes, TenantKey, int]] = []
+        limits: dict[TenantKey, int] = {}
+        for tenant, incoming in self._incoming_by_tenant(batch).items():
+            limit = self._quota(tenant)[0]
+            if limit is None:
+                continue
+            held = self._index.tenant_bytes(tenant)
+            over = held + incoming - limit
+            for key, size in self._index.oldest_of(tenant, over, keep) if over > 0 else []:
+                own.append((key, tenant, size))
+                held -= size
+            limits[tenant] = max(0, limit - held)
+        return own, limits
+
+    def _incoming_by_tenant(self, batch: list[WriteJob]) -> dict[TenantKey, int]:
+        """Bytes of the records a batch would add (keys not stored yet), per tenant."""
+        seen: set[bytes] = set()
+        totals: dict[TenantKey, int] = {}
+        for job in batch:
+            if isinstance(job, PutJob):
+                tenant = self._body.tenant_of(job)
+                for i, rkey in enumerate(job.keys):
+                    if rkey not in self._index and rkey not in seen:
+                        seen.add(rkey)
+                        totals[tenant] = totals.get(tenant, 0) + job.record_bytes(i)
+        return totals
 
 
 def _put_bytes(batch: list[WriteJob]) -> int:

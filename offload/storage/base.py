@@ -189,12 +189,15 @@ class StorageBase:
         rkeys, toks, pages = self._checked(keys, tokens, host, host_pages)
         if meta is not None and len(meta.block_ids) != len(rkeys):
             raise ValueError(f"meta has {len(meta.block_ids)} block ids for {len(rkeys)} keys")
-        framing = self.codec.framing(check_tenant(tenant))
+        tenant = check_tenant(tenant)
+        framing = self.codec.framing(tenant)
         ticket = FutureTicket()
         if not rkeys:
             ticket.finish(0)
             return ticket
-        self._writer.submit(PutJob(rkeys, toks, host, pages, tag, ticket, meta, framing=framing))
+        self._writer.submit(
+            PutJob(rkeys, toks, host, pages, tag, ticket, meta, framing=framing, tenant=tenant)
+        )
         return ticket
 
     def delete(self, keys: Sequence[bytes]) -> Ticket:

@@ -66,6 +66,7 @@ class PutJob:
     meta: PutMeta | None = None  # event ids, parent, depth, info
     result: int = 0  # leading keys stored so far (a backend's bookkeeping)
     framing: Framing = PLAIN  # frames the records (clear, or sealed: the tenant's key)
+    tenant: bytes | None = None  # the tenant put() named (a backend's quotas count it)
 
     def page_keys(self) -> list[bytes]:
         """The page keys of the job, in order."""

@@ -18,6 +18,10 @@ exactly one tenant.
   room for *another* tenant never takes the tenant below its floor (it may
   be below it anyway, from its own evictions or because it holds less).
 
+``storage_bytes`` / ``storage_floor``: the same for the LMDB storage tier,
+in bytes of stored records (offload/lmdb/quotas.py). They are handed to the
+store when the cache opens it; ``set_quota`` later does not change them.
+
 ``QuotaBook`` is the table one cache reads, set at open and changed at run
 time (``RadixCache.set_quota``); ``parse_quotas`` reads the JSON form the CLI
 and the configuration file take::
@@ -52,19 +56,23 @@ class TenantQuota:
     device_floor: int = 0  # device pages other tenants' pressure never takes
     host_pages: int | None = None  # limit on host-pool pages; None: no limit
     host_floor: int = 0  # host pages other tenants' pressure never takes
+    storage_bytes: int | None = None  # limit on LMDB record bytes; None: no limit
+    storage_floor: int = 0  # LMDB record bytes other tenants' pressure never takes
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name.endswith("_pages"):
+            limit_field = f.name.endswith(("_pages", "_bytes"))
+            if value is None and limit_field:
                 continue
             if type(value) is not int or value < 0:
                 raise ValueError(f"TenantQuota.{f.name} must be a non-negative int"
-                                 f"{' or None' if f.name.endswith('_pages') else ''}, got {value!r}")
-        for tier in ("device", "host"):
-            limit, floor = getattr(self, f"{tier}_pages"), getattr(self, f"{tier}_floor")
+                                 f"{' or None' if limit_field else ''}, got {value!r}")
+        for tier, unit in (("device", "pages"), ("host", "pages"), ("storage", "bytes")):
+            limit, floor = getattr(self, f"{tier}_{unit}"), getattr(self, f"{tier}_floor")
             if limit is not None and floor > limit:
-                raise ValueError(f"TenantQuota: {tier}_floor={floor} is above {tier}_pages={limit}")
+                raise ValueError(
+                    f"TenantQuota: {tier}_floor={floor} is above {tier}_{unit}={limit}")
 
     @property
     def bounded(self) -> bool:

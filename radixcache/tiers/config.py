@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from radixcache.offload import (
@@ -10,6 +12,7 @@ from radixcache.offload import (
     ModelFingerprint,
     NullStorage,
     PrefetchPolicy,
+    StorageConfig,
     StorageOpening,
     StorageStats,
     StorageTarget,
@@ -102,13 +105,29 @@ class TierStats:
     job_latency: dict[str, LatencyHistogram] = field(default_factory=dict)  # per direction
 
 
-def open_storage(config: TierConfig, spec: KVSpec) -> StorageOpening:
+def open_storage(
+    config: TierConfig,
+    spec: KVSpec,
+    tenant_quotas: Mapping[bytes | None, tuple[int | None, int]] | None = None,
+    tenant_quota_default: tuple[int | None, int] | None = None,
+) -> StorageOpening:
     """The storage tier ``config`` asks for: LMDB (recovered or disabled when
     it cannot be opened, see offload/lmdb/opening.py), a Valkey pool, or
-    ``NullStorage``."""
+    ``NullStorage``. ``tenant_quotas`` / ``tenant_quota_default``: per-tenant
+    byte quotas from the cache's quotas (``TenantQuota.storage_bytes`` and
+    ``storage_floor``), laid over the LMDB config's own (a tenant listed here
+    takes this quota; a default given here replaces the config's); a pool
+    has no quotas and ignores them."""
     if config.storage is None:
         return StorageOpening(NullStorage(), "disabled")
     fingerprint = ModelFingerprint(
         config.model_id, spec.describe(), config.tp_rank, config.kv_shared_across_ranks
     )
-    return open_backend(config.storage, spec, fingerprint)
+    target = config.storage
+    if isinstance(target, StorageConfig) and (tenant_quotas or tenant_quota_default):
+        target = dataclasses.replace(
+            target,
+            tenant_quotas={**target.tenant_quotas, **(tenant_quotas or {})},
+            tenant_quota_default=tenant_quota_default or target.tenant_quota_default,
+        )
+    return open_backend(target, spec, fingerprint)

@@ -92,6 +92,7 @@ PUBLIC = {
         "LmdbStorage",
         "OPEN_ERROR_MODES",
         "StorageConfig",
+        "TenantStorageStats",
         "open_lmdb_storage",
     ],
     "radixcache.offload.mooncake": [

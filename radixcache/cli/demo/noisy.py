@@ -201,8 +201,8 @@ def run_noisy_neighbor(args: argparse.Namespace, spec: KVSpec, device: str) -> l
     print(f"radixcache demo --noisy-neighbor on {device}: page {page / 1024:g} KiB; device "
           f"{device_pages} pages ({_size(device_pages * page)}), host {host_pages} pages "
           f"({_size(host_pages * page)}); write policy {config.tiers.write_policy}; no storage "
-          f"tier (per-tenant quotas cover the device and host tiers; storage quotas do not "
-          f"exist yet); events off")
+          f"tier (this mode shows the device and host tiers; LMDB has byte quotas too, a "
+          f"shared pool none yet); events off")
     print(f"workload: quiet tenant {QUIET!r}: {args.chats} chats x {args.turns} turns, system "
           f"prompt {args.system} tokens, +{args.user} user tokens and {args.decode} decoded "
           f"tokens per turn; noisy tenant {NOISY!r}: {args.noisy_rate} requests per quiet "

@@ -60,7 +60,7 @@ def test_quotas_keep_the_quiet_tenants_hit_ratio(capsys: pytest.CaptureFixture[s
     assert printed == default_quotas(64, 96)
     assert quotas[4] is not None and quotas[4] <= printed["noisy"]["device_pages"]  # type: ignore[index]
     assert shared[4] is not None and shared[4] > quotas[4] and shared[3] < quotas[3]
-    assert "no storage tier" in out and "storage quotas do not exist yet" in out
+    assert "no storage tier" in out and "a shared pool none yet" in out
     assert "meets the goal of >= 90%" in out and re.search(r"\d+ cached tokens verified "
                                                            r"bit-exact, none wrong", out)
 
@@ -89,7 +89,7 @@ def test_quotas_given_replace_the_defaults_and_are_what_runs(
 
 @pytest.mark.parametrize("value, message", [
     ('{"noisy": {"device_page": 3}}', "argument --quotas: quotas['noisy']: unknown key "
-     "'device_page' (known: device_floor, device_pages, host_floor, host_pages)"),
+     "'device_page' (known: device_floor, device_pages, host_floor, host_pages, storage_bytes, storage_floor)"),
     ('{"noisy": {"device_pages": 3, "device_floor": 4}}',
      "argument --quotas: quotas['noisy']: TenantQuota: device_floor=4 is above device_pages=3"),
     ('{"noisy": {"device_pages": -1}}', "TenantQuota.device_pages must be a non-negative int"),
