@@ -97,37 +97,19 @@ class TenantLedger:
     # ------------------------------------------------------------------ device counts
     def add_device(self, namespace: Namespace, n: int, evictable: bool) -> None:
         key = self.key(namespace)
-        d = self.device
-        d[key] = d.get(key, 0) + n
+        _add(self.device, key, n)
         if evictable and self.book is not None:
-            e = self.evictable
-            e[key] = e.get(key, 0) + n
+            _add(self.evictable, key, n)
 
     def sub_device(self, namespace: Namespace, n: int, evictable: bool) -> None:
         key = self.key(namespace)
-        d = self.device
-        left = d[key] - n
-        if left:
-            d[key] = left
-        else:
-            del d[key]
+        _add(self.device, key, -n)
         if evictable and self.book is not None:
-            e = self.evictable
-            left = e[key] - n
-            if left:
-                e[key] = left
-            else:
-                del e[key]
+            _add(self.evictable, key, -n)
 
     def lock_change(self, namespace: Namespace, n: int) -> None:
         """``n`` device pages of the tenant became evictable (n > 0) or locked."""
-        key = self.key(namespace)
-        e = self.evictable
-        left = e.get(key, 0) + n
-        if left:
-            e[key] = left
-        else:
-            del e[key]
+        _add(self.evictable, self.key(namespace), n)
 
     def clear_device(self) -> None:
         self.device.clear()
@@ -138,25 +120,17 @@ class TenantLedger:
         key = self._keys.get(namespace)  # ``key`` inlined (every host copy comes here)
         if key is None and namespace.salt is not None:
             key = self.key(namespace)
-        h = self.host
-        h[key] = h.get(key, 0) + n
+        _add(self.host, key, n)
 
     def sub_host(self, namespace: Namespace, n: int) -> None:
         key = self._keys.get(namespace)
         if key is None and namespace.salt is not None:
             key = self.key(namespace)
-        h = self.host
-        left = h[key] - n
-        if left:
-            h[key] = left
-        else:
-            del h[key]
+        _add(self.host, key, -n)
 
     def reserve_host(self, namespace: Namespace, n: int) -> None:
         """``n`` host pages were allocated for a job of the tenant (quotas on)."""
-        key = self.key(namespace)
-        f = self.host_in_flight
-        f[key] = f.get(key, 0) + n
+        _add(self.host_in_flight, self.key(namespace), n)
 
     def settle_host(self, namespace: Namespace, n: int) -> None:
         """A job's ``n`` reserved host pages landed (attached: counted in
@@ -164,13 +138,7 @@ class TenantLedger:
         was reserved)."""
         if self.book is None:
             return
-        key = self.key(namespace)
-        f = self.host_in_flight
-        left = f[key] - n
-        if left:
-            f[key] = left
-        else:
-            del f[key]
+        _add(self.host_in_flight, self.key(namespace), -n)
 
     def clear_host(self) -> None:
         self.host.clear()
@@ -212,6 +180,17 @@ class TenantLedger:
             out[label] = TenantStats(label, self.quota(key), self.device.get(key, 0),
                                      self.host.get(key, 0), copy)
         return out
+
+
+def _add(counts: dict[TenantKey, int], key: TenantKey, n: int) -> None:
+    """``counts[key] += n``; a count that reaches 0 leaves the dict (the
+    dicts hold only tenants with pages, so their views stay small)."""
+    left = counts.get(key, 0) + n
+    assert left >= 0, f"tenant {key!r}: a count went below zero ({left})"
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 _MISSING = object()

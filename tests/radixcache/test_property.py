@@ -81,6 +81,16 @@ class CacheMachine(RuleBasedStateMachine):
         assert not (gone & self.locked_prefixes()), "a locked page was evicted"
         self.ref = now
 
+    def write_kv(self, req: Request, n: int) -> None:
+        """The runner's KV for the next ``n`` positions of ``req`` (reserved)."""
+        kv = self.cache.kv
+        assert kv is not None
+        ns, toks, start = self.ns_of[req.rid], req.tokens, req.num_computed
+        slots = kv.slots(req.page_table, start, n)
+        values = [kv_value(ns, toks[: pos + 1]) for pos in range(start, start + n)]
+        k_flat, _ = kv.layer_slots(0)
+        k_flat[slots] = torch.tensor(values, dtype=torch.float64).view(-1, 1, 1)
+
     # -------------------------------------------------------------- rules
     @rule(
         target=requests,
@@ -121,16 +131,9 @@ class CacheMachine(RuleBasedStateMachine):
             self.sync_evictions()
             return
         self.sync_evictions()
-        kv = self.cache.kv
-        assert kv is not None
-        ns = self.ns_of[req.rid]
-        toks = req.tokens
-        start = req.num_computed
-        slots = kv.slots(req.page_table, start, n)
-        values = [kv_value(ns, toks[: pos + 1]) for pos in range(start, start + n)]
-        k_flat, _ = kv.layer_slots(0)
-        k_flat[slots] = torch.tensor(values, dtype=torch.float64).view(-1, 1, 1)
+        self.write_kv(req, n)
         self.cache.commit(req, n)
+        ns, toks = self.ns_of[req.rid], req.tokens
         full = req.num_computed // P
         if req.rid in self.stale:
             return

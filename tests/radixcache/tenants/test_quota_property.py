@@ -12,7 +12,6 @@ never takes another below its floor.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -21,7 +20,7 @@ from hypothesis.stateful import invariant, rule
 from radixcache import CacheConfig, KVSpec, OutOfPagesError, RadixCache, Request
 from radixcache.tenants import TenantQuota
 from radixcache.tenants.eviction import ANY, TenantEviction
-from tests.radixcache.test_property import NAMESPACES, CacheMachine, P, kv_value
+from tests.radixcache.test_property import NAMESPACES, CacheMachine, P
 
 SALTS = [None, "t1"]  # the tenants of NAMESPACES: (none) holds namespaces 0 and 2
 START = {None: TenantQuota(device_pages=4, device_floor=2), "t1": TenantQuota(device_floor=5)}
@@ -80,16 +79,9 @@ class QuotaMachine(CacheMachine):
             self.sync_evictions()
             return
         self.sync_evictions()
-        kv = self.cache.kv
-        assert kv is not None
-        ns = self.ns_of[req.rid]
-        toks = req.tokens
-        start = req.num_computed
-        slots = kv.slots(req.page_table, start, n)
-        values = [kv_value(ns, toks[: pos + 1]) for pos in range(start, start + n)]
-        k_flat, _ = kv.layer_slots(0)
-        k_flat[slots] = torch.tensor(values, dtype=torch.float64).view(-1, 1, 1)
+        self.write_kv(req, n)
         self.cache.commit(req, n)
+        ns, toks = self.ns_of[req.rid], req.tokens
         self.check_floors(before, who)
         if req.rid not in self.stale:
             for end in range(P, req.shared_pages * P + 1, P):  # what the limit let in

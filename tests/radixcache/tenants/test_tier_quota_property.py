@@ -74,15 +74,7 @@ class QuotaTieredMachine(TieredMachine):
         except OutOfPagesError as err:
             assert need > cover, f"{err} although {cover} pages were free or takeable"
             return
-        kv = self.cache.kv
-        assert kv is not None
-        start = req.num_computed
-        slots = kv.slots(req.page_table, start, n)
-        vals = self._expected(req, start, start + n)
-        for layer in range(kv.spec.num_layers):
-            k, v = kv.layer_slots(layer)
-            k[slots] = (vals + layer).view(-1, 1, 1)
-            v[slots] = (-vals - layer).view(-1, 1, 1)
+        self._put_kv(req, n)
         self.cache.commit(req, n)
 
     # -------------------------------------------------------------- rules

@@ -136,6 +136,11 @@ class TieredMachine(RuleBasedStateMachine):
         except OutOfPagesError as err:
             assert need > cover, f"{err} although {cover} pages were free or evictable"
             return
+        self._put_kv(req, n)
+        self.cache.commit(req, n)
+
+    def _put_kv(self, req: Request, n: int) -> None:
+        """The runner's KV for the next ``n`` positions of ``req`` (reserved)."""
         kv = self.cache.kv
         assert kv is not None
         start = req.num_computed
@@ -145,7 +150,6 @@ class TieredMachine(RuleBasedStateMachine):
             k, v = kv.layer_slots(layer)
             k[slots] = (vals + layer).view(-1, 1, 1)
             v[slots] = (-vals - layer).view(-1, 1, 1)
-        self.cache.commit(req, n)
 
     def _check_kv(self, req: Request) -> None:
         kv = self.cache.kv
