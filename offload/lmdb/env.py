@@ -22,10 +22,12 @@ unlocking it: the lock stays the parent's, and goes with the parent's
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import tempfile
+import time
 
 import lmdb
 
@@ -36,6 +38,8 @@ from radixcache.offload.lmdb.space import MapGate, grow_map
 from radixcache.offload.storage import ModelFingerprint, StorageOpenError
 from radixcache.offload.storage import record as rec
 from radixcache.transfer.forks import on_fork_in_child
+
+LOCK_WAIT_S = 1.0  # how long an open waits for a lock a just-forked child still shares
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +105,23 @@ class LmdbEnv:
             raise StorageOpenError(
                 exc.errno, f"storage directory {path!r} is not writable: {exc.strerror or exc}"
             ) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            raise StorageOpenError(
-                exc.errno,
-                f"storage directory {path!r} is already open (in this or another process)",
-            ) from exc
-        return fd
+        # A child forked a moment ago shares the lock until its fork handler
+        # (``_drop_lock_in_child``) closes its copy: a close-and-reopen in the
+        # parent right after a fork waits that long, not longer.
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as failed:
+                if failed.errno == errno.EWOULDBLOCK and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                os.close(fd)
+                raise StorageOpenError(
+                    failed.errno,
+                    f"storage directory {path!r} is already open (in this or another process)",
+                ) from failed
 
     def _open_env(self, config: StorageConfig) -> lmdb.Environment:
         path = self.path

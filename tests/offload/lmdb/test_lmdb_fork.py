@@ -130,3 +130,31 @@ def test_a_forked_child_that_uses_the_store_gets_a_clear_error(kit: StoreKit) ->
     with pytest.raises(StorageOpenError, match="already open"):
         kit.open()
     store.check_integrity()
+
+
+def test_a_reopen_right_after_a_fork_waits_for_the_child_to_drop_the_lock(kit: StoreKit) -> None:
+    """Between ``fork()`` and the child's fork handler the child shares the
+    lock: a parent that closes and reopens in that moment waits for it (a
+    busy machine made that window long enough to fail a reopen), up to
+    ``LOCK_WAIT_S``. A copy of the lock's descriptor stands in for the
+    child's; one never dropped still fails the open, after the wait."""
+    import threading
+
+    from radixcache.offload.lmdb import env
+
+    store = kit.open(on_open_error="strict")
+    shared = os.dup(store._store.lock_fd)  # the child's copy, not yet dropped
+    store.close()
+    threading.Timer(0.2, os.close, args=(shared,)).start()
+    started = time.monotonic()
+    again = kit.open(on_open_error="strict")
+    assert 0.15 < time.monotonic() - started < env.LOCK_WAIT_S + 0.5
+    stuck = os.dup(again._store.lock_fd)  # a copy nobody drops
+    again.close()
+    started = time.monotonic()
+    try:
+        with pytest.raises(StorageOpenError, match="already open"):
+            kit.open(on_open_error="strict")
+        assert time.monotonic() - started >= env.LOCK_WAIT_S
+    finally:
+        os.close(stuck)
