@@ -4,8 +4,9 @@ finishes, fails or shortens it, restarts, forgets, resets, KV checked
 bit-exact) run on a cache with device and host quotas, plus quota changes
 at run time. After every step: the ledger equals a recount over the tree
 (device pages and host copies per tenant); no tenant holds more device or
-host pages than its limit (one lowered under pages held may stay above it by
-those pages only, never growing); and a request, commit or ``evict`` on
+host pages than its limit (one lowered under pages held, or host pages a
+job in flight took before, may stay above it by those pages only, never
+growing); and a request, commit or ``evict`` on
 behalf of one tenant never takes another below its device or host floor.
 """
 
@@ -113,11 +114,13 @@ class QuotaTieredMachine(TieredMachine):
         for (tier, other), had in before.items():
             if other != key:
                 assert after.get((tier, other), 0) == had, "a quota change evicted another tenant"
+        flying = self.cache._gate.ledger.host_in_flight.get(key, 0)  # may still land
         for tier, limit in (("device", device), ("host", host)):
             if limit is None:
                 self.caps.pop((tier, key), None)
             else:
-                self.caps[tier, key] = max(limit, after.get((tier, key), 0))
+                extra = flying if tier == "host" else 0
+                self.caps[tier, key] = max(limit, after.get((tier, key), 0) + extra)
 
     # -------------------------------------------------------------- checks
     @invariant()
@@ -135,7 +138,9 @@ class QuotaTieredMachine(TieredMachine):
                 now = held.get((tier, key), 0)
                 cap = self.caps.get((tier, key), limit)
                 assert now <= cap, f"{tier}: tenant {key!r} holds {now} pages, over {cap}"
-                self.caps[tier, key] = max(limit, now)
+                # Host pages a job took before a lowered limit may still land.
+                flying = ledger.host_in_flight.get(key, 0) if tier == "host" else 0
+                self.caps[tier, key] = max(limit, now + flying)
 
     def _open(self) -> None:
         super()._open()
