@@ -155,7 +155,7 @@ def build_index(
         index,
         kv,
         config.tiers,
-        open_storage(config.tiers, config.spec, *storage_quotas(quota_book(config.quotas))),
+        open_storage(config.tiers, config.spec, *storage_quotas(ledger.book)),
         allocate_device,
         free_device,
     )

@@ -43,7 +43,6 @@ class TenantGate:
         self._free = free  # returns evicted device pages to the pool
         self.before_drop: Callable[[Node], None] | None = None  # the tiers' backup hook
         self._serving: Namespace | None = None  # whose allocations come next; None: nobody's
-        self.evicted_pages = 0  # device pages evicted by limits (for the cache's counter)
         self.host: HostQuota | None = None  # host limits (quotas on, with a host tier)
 
     @property
@@ -79,8 +78,7 @@ class TenantGate:
         if over > 0 and ev is not None:
             freed = ev.evict_own(key, over, self.before_drop).device_pages  # type: ignore[arg-type]
             if freed.size:
-                self._free(freed)
-                self.evicted_pages += int(freed.size)
+                self._free(freed)  # (the cache counts them as evicted)
             held = ledger.device.get(key, 0)  # type: ignore[call-overload]
         return max(0, min(n, limit - held))
 
