@@ -76,6 +76,34 @@ def _check_extra_key(key: object, i: int) -> None:
         raise TypeError(f"{what} must be str, bytes or int, got {kind.__name__} {_short(key)}")
 
 
+MAX_TAGS = 16  # tags per namespace
+MAX_TAG_CHARS = 128  # characters per tag
+
+
+def _check_tags(tags: object) -> None:
+    """TypeError / ValueError unless ``tags`` is a tuple of at most
+    ``MAX_TAGS`` distinct, non-empty, printable ASCII str of at most
+    ``MAX_TAG_CHARS`` characters (they become store keys)."""
+    if type(tags) is not tuple:
+        raise TypeError(f"tags must be a tuple of str, got {type(tags).__name__}")
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"tags: at most {MAX_TAGS} tags, got {len(tags)}")
+    for i, tag in enumerate(tags):
+        check_tag(tag, f"tags[{i}]")
+    if len(set(tags)) != len(tags):
+        raise ValueError(f"tags must be distinct, got {_short(tags)}")
+
+
+def check_tag(tag: object, what: str = "tag") -> str:
+    """``tag`` if it is a valid tag (see ``_check_tags``), else TypeError / ValueError."""
+    if type(tag) is not str:
+        raise TypeError(f"{what} must be a str, got {type(tag).__name__} {_short(tag)}")
+    if not 0 < len(tag) <= MAX_TAG_CHARS or not tag.isascii() or not tag.isprintable() or " " in tag:
+        raise ValueError(f"{what} must be 1-{MAX_TAG_CHARS} printable ASCII characters "
+                         f"without spaces, got {_short(tag)}")
+    return tag
+
+
 def _short(value: object) -> str:
     """``repr(value)``, cut to a readable length (an int may have thousands of digits)."""
     if type(value) is int and value.bit_length() > 128:
@@ -115,6 +143,9 @@ class Namespace:
     lora_id: int | None = None  # LoRA adapter id, reported in events; [0, 2**63)
     lora_name: str | None = None  # LoRA adapter name, reported in events
     extra_keys: tuple[ExtraKey, ...] = field(default=())  # e.g. multimodal content hashes
+    # labels for RadixCache.invalidate(tag) ("model:v3", "template:v8"); not part
+    # of the identity: equality, hashing, digest(), keys and events ignore them
+    tags: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         salt = self.salt
@@ -137,6 +168,7 @@ class Namespace:
             raise TypeError(f"extra_keys must be a tuple, got {type(self.extra_keys).__name__}")
         for i, key in enumerate(self.extra_keys):
             _check_extra_key(key, i)
+        _check_tags(self.tags)
         if _info_bound(self) > MAX_INFO_BYTES:
             size = len(self.to_info())
             if size > MAX_INFO_BYTES:

@@ -55,7 +55,7 @@ accounting (``removals``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -72,6 +72,7 @@ MAX_KEY_BYTES = 256  # longest page key a backend accepts (raw pages)
 
 TokenPages = npt.NDArray[np.int32]  # [n, P] token ids, one row per page
 HostPages = npt.NDArray[np.int32]  # [n] host page ids, one per key
+Clock = Callable[[], float]  # wall-clock seconds (time.time): retention deadlines are compared with it
 
 
 @runtime_checkable
@@ -101,6 +102,8 @@ class PutMeta:
     parent_block_id: int | None  # the event id of the page before the first; None: none
     first_depth: int  # page index of the first page within its prefix
     info: bytes = b""  # engine bytes describing the namespace (same for every page)
+    expires_at: float | None = None  # retention deadline (wall clock, time.time()); None: none
+    tags: tuple[str, ...] = ()  # the namespace's tags (``invalidate_tag`` finds the records by them)
 
     def __post_init__(self) -> None:
         if self.first_depth < 0:
@@ -244,6 +247,13 @@ class Storage(Protocol):
         """Remove every record put under ``namespace``; result: how many."""
         ...
 
+    def invalidate_tag(self, tag: str) -> Ticket:
+        """Remove every record of every namespace a put tagged with ``tag``
+        (``PutMeta.tags``), this process's puts and earlier ones alike; result:
+        how many. Durable once the ticket is done: a store reopened after it
+        never serves those records."""
+        ...
+
     def scan(self) -> Iterator[RecordMeta]:
         """The header of every record this fingerprint holds (no KV bytes
         read), in no particular order; for announcing what storage holds when
@@ -314,6 +324,9 @@ class NullStorage:
         return FutureTicket.completed(0)
 
     def forget_namespace(self, namespace: bytes) -> Ticket:
+        return FutureTicket.completed(0)
+
+    def invalidate_tag(self, tag: str) -> Ticket:
         return FutureTicket.completed(0)
 
     def take_removed(self) -> list[bytes]:

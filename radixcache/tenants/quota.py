@@ -21,6 +21,13 @@ exactly one tenant.
 ``storage_bytes`` / ``storage_floor``: the same for the LMDB storage tier,
 in bytes of stored records (offload/lmdb/quotas.py). They are handed to the
 store when the cache opens it; ``set_quota`` later does not change them.
+``pool_bytes``: a limit on the value bytes the tenant keeps in a shared pool
+(no floor: the pool's server evicts under its own memory pressure).
+
+``ttl_s`` (retention, None: none): a page lives at most ``ttl_s`` seconds
+from when it was first cached (not refreshed by hits), on every tier: past
+it, it is never served and is removed with its events. Storage records and
+pool values carry the deadline they were written with.
 
 ``QuotaBook`` is the table one cache reads, set at open and changed at run
 time (``RadixCache.set_quota``); ``parse_quotas`` reads the JSON form the CLI
@@ -58,9 +65,17 @@ class TenantQuota:
     host_floor: int = 0  # host pages other tenants' pressure never takes
     storage_bytes: int | None = None  # limit on LMDB record bytes; None: no limit
     storage_floor: int = 0  # LMDB record bytes other tenants' pressure never takes
+    pool_bytes: int | None = None  # limit on shared-pool value bytes; None: no limit
+    ttl_s: float | None = None  # retention: seconds a page lives from when it was cached
 
     def __post_init__(self) -> None:
+        ttl = self.ttl_s
+        if ttl is not None and (type(ttl) not in (int, float) or not 0 < ttl < 1e12):
+            raise ValueError(f"TenantQuota.ttl_s must be a number of seconds in (0, 1e12) "
+                             f"or None, got {ttl!r}")
         for f in fields(self):
+            if f.name == "ttl_s":
+                continue
             value = getattr(self, f.name)
             limit_field = f.name.endswith(("_pages", "_bytes"))
             if value is None and limit_field:
@@ -78,7 +93,7 @@ class TenantQuota:
     def bounded(self) -> bool:
         """True if it limits or protects anything."""
         return (self.device_pages is not None or self.host_pages is not None
-                or self.device_floor > 0 or self.host_floor > 0)
+                or self.device_floor > 0 or self.host_floor > 0 or self.ttl_s is not None)
 
     def limit(self, tier: str) -> int | None:
         return self.device_pages if tier == "device" else self.host_pages
