@@ -11,10 +11,17 @@ Owner thread only.
 
 from __future__ import annotations
 
-from radixcache.namespace import Namespace
+from collections.abc import Sequence
+
+from radixcache.errors import RequestStateError
+from radixcache.namespace import Namespace, check_tag
 from radixcache.request import Request
+from radixcache.tenants.ledger import TenantLedger
+from radixcache.tenants.retention import Retention
+from radixcache.tenants.tags import TagBook
 from radixcache.tiers.contract import Tiers
 from radixcache.transfer import PageAllocator
+from radixcache.tree.node import Node
 from radixcache.tree.radix_tree import RadixTree
 
 
@@ -28,12 +35,29 @@ class CacheBulk:
         tiers: Tiers,
         live: dict[int, Request],
         forgets: dict[Namespace, int],
+        tags: TagBook | None = None,
+        retention: Retention | None = None,
+        ledger: TenantLedger | None = None,
     ) -> None:
         self.tree = tree
         self.pool = pool
         self.tiers = tiers
         self.live = live  # the cache's live requests (the same dict)
         self.forgets = forgets  # the cache's forget counts per namespace (the same dict)
+        self.tags = TagBook() if tags is None else tags
+        self.retention = retention
+        self.ledger = ledger
+        if retention is not None:
+            retention.tree = tree
+            retention.free = pool.free
+        extras = getattr(tiers, "put_extras", False)
+        if extras is None:  # tiers with storage: store jobs carry deadlines and tags
+            tiers.put_extras = self.put_extras  # type: ignore[attr-defined]
+
+    def put_extras(self, nodes: Sequence[Node]) -> tuple[float | None, tuple[str, ...]]:
+        """The retention deadline and the tags a store of ``nodes`` records."""
+        deadline = None if self.retention is None else self.retention.deadline(nodes)
+        return deadline, self.tags.tags_of(nodes[0].namespace)
 
     def end(self, req: Request) -> None:
         """Give up ``req``'s pending loads, unlock it, free its private pages
@@ -51,15 +75,26 @@ class CacheBulk:
             if freed.size:
                 self.pool.free(freed)
 
-    def forget(self, namespace: Namespace) -> int:
+    def forget(self, namespace: Namespace, invalidated: bool = False) -> int:
         """Remove ``namespace`` from every tier (see ``RadixCache.forget_namespace``);
         returns the device pages still held by live requests or jobs."""
         self.forgets[namespace] = self.forgets.get(namespace, 0) + 1
         result = self.tree.removal.forget(namespace)
         if result.device_page_ids.size:
             self.pool.free(result.device_page_ids)
+        if invalidated and self.ledger is not None:
+            went = int(result.device_page_ids.size) + result.pending_pages
+            self.ledger.counters_of(namespace).invalidated_pages += went
         self.tiers.forget(namespace)
         return result.pending_pages
+
+    def invalidate(self, tag: str) -> int:
+        """Forget every namespace admitted with ``tag``, then storage's records
+        under it (see ``RadixCache.invalidate``); returns the device pages
+        live requests or jobs still hold."""
+        held = sum(self.forget(ns, invalidated=True) for ns in self.tags.take(tag))
+        self.tiers.invalidate_tag(tag)
+        return held
 
     def reset(self) -> None:
         """Drop every cached page; live requests are ended (their handles
@@ -72,6 +107,8 @@ class CacheBulk:
             req.end_forced()
         self.live.clear()
         self.pool.free(self.tree.reset())
+        if self.retention is not None:
+            self.retention.clear()
         self.tiers.reset()
         leftover = self.pool.allocated_ids()  # private pages of the ended requests
         self.pool.free(leftover)
@@ -84,3 +121,56 @@ class CacheBulk:
         self.live.clear()
         self.sweep()
         self.tiers.close()
+
+
+class BulkCalls:
+    """The bulk calls of ``RadixCache`` (a base class of it: the class body
+    holds the request lifecycle, these whole-cache operations live here)."""
+
+    _bulk: CacheBulk
+    _live: dict[int, Request]
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def forget_namespace(self, namespace: Namespace) -> int:
+        """Remove everything cached under ``namespace``, on every tier.
+
+        From the return on, no request is served a page of ``namespace``
+        cached before the call. Pages live requests (or jobs in flight) still
+        hold stay allocated, invisible to new requests, and go when they are
+        released; returns how many device pages that is. Pages cached after
+        the call are untouched. If storage cannot delete its pages (a storage
+        error, counted in ``tier_stats().failed_jobs``), this cache never reads
+        them back. Raises TypeError if ``namespace`` is not a Namespace,
+        CacheClosedError after ``close()``.
+        """
+        self._check_open()
+        if not isinstance(namespace, Namespace):
+            raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
+        return self._bulk.forget(namespace)
+
+    def invalidate(self, tag: str) -> int:
+        """Forget every namespace carrying ``tag`` (``Namespace.tags``) on every
+        tier, as ``forget_namespace`` does each, and every record storage holds
+        under the tag (other processes' and engines' included); storage's part
+        is done (durable) when this returns, or owed and retried (nothing is
+        read from storage meanwhile). Returns the device pages live requests
+        still hold. TypeError / ValueError for a bad tag, CacheClosedError."""
+        self._check_open()
+        return self._bulk.invalidate(check_tag(tag))
+
+    def reset(self, force: bool = False) -> None:
+        """Drop every cached page. Refuses (RequestStateError, nothing
+        changed) while requests hold pages, unless ``force``: then they are
+        ended and their handles die. TypeError for a non-bool ``force``,
+        CacheClosedError after ``close()``."""
+        self._check_open()
+        if type(force) is not bool:
+            raise TypeError(f"force must be a bool, got {force!r}")
+        if self._live and not force:
+            raise RequestStateError(
+                f"reset refused: {len(self._live)} live requests hold pages; "
+                f"release them or pass force=True"
+            )
+        self._bulk.reset()

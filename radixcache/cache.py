@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
-from radixcache.bulk import CacheBulk
+from radixcache.bulk import BulkCalls, CacheBulk
 from radixcache.cache_check import check_cache
 from radixcache.cache_config import CacheConfig, build_index, quota_book
 from radixcache.capacity import DeviceCapacity
@@ -43,6 +44,8 @@ from radixcache.stats import CacheStats, Counters, snapshot
 from radixcache.tenants.api import Tenants
 from radixcache.tenants.gate import TenantGate
 from radixcache.tenants.ledger import TenantLedger
+from radixcache.tenants.retention import Clock
+from radixcache.tenants.tags import TagBook
 from radixcache.tiers.config import TierStats
 from radixcache.tiers.contract import Tiers
 from radixcache.tokens import as_tokens
@@ -56,7 +59,7 @@ __all__ = ["CacheConfig", "RadixCache"]
 log = logging.getLogger(__name__)
 
 
-class RadixCache:
+class RadixCache(BulkCalls):
     """Prefix-sharing KV allocator over a device page pool.
 
     Owns the tree, the device page pool and the KV buffer. Single-threaded:
@@ -64,7 +67,8 @@ class RadixCache:
     method raises ``CacheClosedError`` after ``close()``.
     """
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, clock: Clock = time.time) -> None:
+        """``clock``: wall-clock seconds, what TTL deadlines are compared with (tests fake it)."""
         self.config = config
         self.spec = config.spec
         self.page_size = config.spec.page_size
@@ -79,7 +83,8 @@ class RadixCache:
         self._forgets: dict[Namespace, int] = {}  # forget_namespace calls per namespace
         self._capacity = DeviceCapacity(self.pool, self.counters)
         ledger = TenantLedger(quota_book(config.quotas))
-        built = build_index(config, self.kv, self._capacity.allocate_or_none, self.pool.free, ledger)
+        built = build_index(config, self.kv, self._capacity.allocate_or_none, self.pool.free, ledger,
+                            clock)
         self.tree: RadixTree = built.tree
         self.tiers: Tiers = built.tiers
         self._gate = TenantGate(self.tree, ledger, self._free_evicted)
@@ -87,7 +92,10 @@ class RadixCache:
         self._gate.host = built.host_quota  # host limits, enforced by set_quota too
         self._capacity.bind(self.tree, self.tiers, self._gate)
         self.tenants = Tenants(self._gate, self._check_open)  # quotas and per-tenant stats
-        self._bulk = CacheBulk(self.tree, self.pool, self.tiers, self._live, self._forgets)
+        self._tags = TagBook()  # namespaces by tag, for invalidate()
+        self._bulk = CacheBulk(self.tree, self.pool, self.tiers, self._live, self._forgets,
+                               self._tags, built.retention, ledger)
+        self._retention = self._gate.retention = built.retention
         self._recorder = built.recorder
         self._refusal: str | None = None  # why every call is refused (closed, forked); None: open
         self._pid = os.getpid()
@@ -119,6 +127,10 @@ class RadixCache:
             raise TypeError(f"priority must be an int, got {priority!r}")
         arr = as_tokens(tokens, "prompt", copy=True)
         # Nothing below raises: a tier that fails degrades to a miss.
+        if self._retention is not None:
+            self._retention.expire()  # nothing past its TTL is matched
+        if namespace.tags:
+            self._tags.note(namespace)
         req = Request(self._next_rid, namespace, arr, priority, self._forgets.get(namespace, 0))
         usable = arr[: max(arr.size - 1, 0)]
         match = self.tree.match(namespace, usable, priority)
@@ -126,6 +138,10 @@ class RadixCache:
             # Another request is loading this prefix back: let those copies land
             # (memcpy speed) and share them instead of stopping short.
             match = self.tree.match(namespace, usable, priority)
+        if self._retention is not None and self._retention.masking:
+            cut = self._retention.cut_match(match)  # expired pages still held: end before them
+            if cut is not None:
+                match, req.forgets = cut, -1  # and its own pages stay private
         req.admit_cached(self.tree, match.last_device_node, match.device_pages, match.device_len)
         self._gate.serving(namespace)  # load-backs are for its tenant
         try:
@@ -222,7 +238,8 @@ class RadixCache:
             self._insert(req, full, (end - num_tokens) // self.page_size)
 
     def _insert(self, req: Request, full: int, before: int) -> None:
-        if self._forgets and not req.may_insert(self._forgets.get(req.namespace, 0)):
+        if (self._forgets or req.forgets < 0) and not req.may_insert(
+                self._forgets.get(req.namespace, 0)):
             return  # its prefix was forgotten: later pages stay its own, freed at release
         full = self._gate.cap_insert(req.namespace, req.shared_pages, full, before)
         if full <= req.shared_pages:
@@ -285,6 +302,8 @@ class RadixCache:
         self._check_open()
         done = self.tiers.poll()
         self._bulk.sweep()  # pages of forgotten namespaces that jobs held may go now
+        if self._retention is not None:
+            self._retention.expire()
         return done
 
     def drain(self) -> int:
@@ -331,39 +350,6 @@ class RadixCache:
             log.exception("closing the cache's tiers failed; the cache is closed anyway")
         finally:
             self._refusal = "this cache is closed; build a new RadixCache"
-
-    # ------------------------------------------------------------------ bulk
-    def forget_namespace(self, namespace: Namespace) -> int:
-        """Remove everything cached under ``namespace``, on every tier.
-
-        From the return on, no request is served a page of ``namespace``
-        cached before the call. Pages live requests (or jobs in flight) still
-        hold stay allocated, invisible to new requests, and go when they are
-        released; returns how many device pages that is. Pages cached after
-        the call are untouched. If storage cannot delete its pages (a storage
-        error, counted in ``tier_stats().failed_jobs``), this cache never reads
-        them back. Raises TypeError if ``namespace`` is not a Namespace,
-        CacheClosedError after ``close()``.
-        """
-        self._check_open()
-        if not isinstance(namespace, Namespace):
-            raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
-        return self._bulk.forget(namespace)
-
-    def reset(self, force: bool = False) -> None:
-        """Drop every cached page. Refuses (RequestStateError, nothing
-        changed) while requests hold pages, unless ``force``: then they are
-        ended and their handles die. TypeError for a non-bool ``force``,
-        CacheClosedError after ``close()``."""
-        self._check_open()
-        if type(force) is not bool:
-            raise TypeError(f"force must be a bool, got {force!r}")
-        if self._live and not force:
-            raise RequestStateError(
-                f"reset refused: {len(self._live)} live requests hold pages; "
-                f"release them or pass force=True"
-            )
-        self._bulk.reset()
 
     # ------------------------------------------------------------------ views
     def stats(self) -> CacheStats:

@@ -10,6 +10,7 @@ and ``HostTiers`` driving them). Called once, by ``RadixCache.__init__``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from radixcache.tenants.device import attach
 from radixcache.tenants.host import HostQuota, attach_host
 from radixcache.tenants.ledger import TenantLedger
 from radixcache.tenants.quota import QuotaBook, TenantQuota
+from radixcache.tenants.retention import Clock, Retention, RetentionRecorder
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,7 @@ class CacheIndex:
     tiers: Tiers  # the tiers below the device (``NullTiers``: none)
     recorder: EventSink  # what the tree and the tiers report; ``take_events`` drains it
     host_quota: HostQuota | None = None  # host limits and floors (quotas on, a host tier)
+    retention: Retention | None = None  # TTL deadlines (quotas on)
 
 
 def build_index(
@@ -130,6 +133,7 @@ def build_index(
     allocate_device: AllocateDevice,
     free_device: Callable[[PageIds], None],
     ledger: TenantLedger,
+    clock: Clock = time.time,
 ) -> CacheIndex:
     """The tree and the tiers for ``config``. ``kv`` is the device KV buffer
     (None without KV tensors); the tiers take device pages for load-back
@@ -141,14 +145,17 @@ def build_index(
     recorder: EventSink = (
         EventRecorder(PageKeys(page_size)) if config.record_events else NoEvents()
     )
+    # With quotas on, the tree's reports also date nodes for retention (TTL).
+    retention = None if ledger.book is None else Retention(ledger.book, clock, ledger)
+    reports: EventSink = recorder if retention is None else RetentionRecorder(recorder, retention)
     if config.tiers is None:
-        tree = RadixTree(page_size, policy, recorder)
+        tree = RadixTree(page_size, policy, reports)
         attach(tree, ledger)
-        return CacheIndex(tree, NullTiers(), recorder)
+        return CacheIndex(tree, NullTiers(), recorder, None, retention)
     assert kv is not None
     host = HostPool(config.spec, config.tiers.host, config.num_device_pages)
-    index = HostIndex(host, recorder, page_size, policy, ledger)
-    tree = RadixTree(page_size, policy, recorder, index)
+    index = HostIndex(host, reports, page_size, policy, ledger)
+    tree = RadixTree(page_size, policy, reports, index)
     attach(tree, ledger)
     tiers = HostTiers(
         tree,
@@ -162,4 +169,4 @@ def build_index(
     host_quota = attach_host(tiers, ledger)
     if config.record_events:  # what storage kept from an earlier run, for routers
         announce_survivors(tiers.storage, recorder, page_size)
-    return CacheIndex(tree, tiers, recorder, host_quota)
+    return CacheIndex(tree, tiers, recorder, host_quota, retention)

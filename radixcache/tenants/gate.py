@@ -29,6 +29,7 @@ from radixcache.namespace import Namespace
 from radixcache.tenants.eviction import ANY, TenantEviction
 from radixcache.tenants.host import HostQuota
 from radixcache.tenants.ledger import TenantLedger
+from radixcache.tenants.retention import Retention
 from radixcache.tree.node import Node, PageIds
 from radixcache.tree.radix_tree import RadixTree
 
@@ -44,6 +45,7 @@ class TenantGate:
         self.before_drop: Callable[[Node], None] | None = None  # the tiers' backup hook
         self._serving: Namespace | None = None  # whose allocations come next; None: nobody's
         self.host: HostQuota | None = None  # host limits (quotas on, with a host tier)
+        self.retention: Retention | None = None  # TTL deadlines (quotas on)
 
     @property
     def eviction(self) -> TenantEviction | None:
@@ -129,4 +131,7 @@ class TenantGate:
             went = before - self.ledger.device.get(key, 0)  # type: ignore[call-overload]
         if self.host is not None:  # after the device: its evictions may back pages up
             self.host.enforce(key)  # type: ignore[arg-type]
+        if self.retention is not None:  # a TTL set or lowered: pages past it go now
+            self.retention.refresh()
+            went += self.retention.expire()
         return went

@@ -36,6 +36,8 @@ class TenantCounters:
     host_own_evicted_pages: int = 0  # host pages evicted to keep it within its host limit
     host_pressure_evicted_pages: int = 0  # host pages evicted to make room
     host_dropped_pages: int = 0  # backups to the host not made: at its host limit
+    expired_pages: int = 0  # device and host pages removed past the tenant's TTL
+    invalidated_pages: int = 0  # device and host pages removed by invalidate(tag)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 from radixcache.namespace import Namespace
 from radixcache.offload.storage import Storage
@@ -29,6 +30,7 @@ from radixcache.transfer import Ticket
 log = logging.getLogger(__name__)
 
 Failed = Callable[[str, BaseException], None]  # counts and logs a failed storage call
+K = TypeVar("K", Namespace, str)  # what a deletion is owed for: a namespace, a tag
 
 
 class Forgets:
@@ -39,6 +41,7 @@ class Forgets:
         self._failed = failed
         self._epochs: dict[Namespace, int] = {}  # forgets per namespace
         self.owed: dict[Namespace, Ticket | None] = {}  # deletions owed; their retry in flight
+        self.owed_tags: dict[str, Ticket | None] = {}  # tag invalidations owed (see ``invalidate``)
 
     def epoch(self, namespace: Namespace) -> int:
         """How many times ``namespace`` was forgotten (stamped on jobs)."""
@@ -49,8 +52,24 @@ class Forgets:
         return self._epochs.get(namespace, 0) == epoch
 
     def blocked(self, namespace: Namespace) -> bool:
-        """Storage may still hold pages of ``namespace`` from before a forget."""
-        return namespace in self.owed
+        """Storage may still hold pages of ``namespace`` from before a forget
+        (or, while a tag invalidation is owed, of any namespace)."""
+        return namespace in self.owed or bool(self.owed_tags)
+
+    def invalidate(self, tag: str) -> None:
+        """Remove every record storage holds under ``tag`` and wait. If that
+        fails, it is owed: no page is fetched from storage at all (the tag's
+        namespaces are not all known here) until a ``poll`` retried it."""
+        self.owed_tags.pop(tag, None)
+        if self._finished(tag, self._start_tag(tag), wait=True) is False:
+            self.owed_tags[tag] = None
+
+    def _start_tag(self, tag: str) -> Ticket | None:
+        try:
+            return self._storage().invalidate_tag(tag)
+        except Exception as exc:
+            self._failed("invalidating a tag in storage", exc)
+            return None
 
     def bump(self, namespace: Namespace) -> None:
         """``namespace`` is forgotten: jobs in flight for it land nowhere."""
@@ -64,15 +83,19 @@ class Forgets:
 
     def retry(self) -> None:
         """Go on with the owed deletions without waiting (called by ``poll``)."""
-        for namespace, ticket in list(self.owed.items()):
+        self._retry(self.owed, self._start)
+        self._retry(self.owed_tags, self._start_tag)
+
+    def _retry(self, owed: dict[K, Ticket | None], start: Callable[[K], Ticket | None]) -> None:
+        for what, ticket in list(owed.items()):
             if ticket is None:
-                self.owed[namespace] = self._start(namespace)
+                owed[what] = start(what)
                 continue
-            done = self._finished(namespace, ticket, wait=False)
+            done = self._finished(what, ticket, wait=False)
             if done is True:
-                del self.owed[namespace]
+                del owed[what]
             elif done is False:
-                self.owed[namespace] = None  # failed: start again at the next poll
+                owed[what] = None  # failed: start again at the next poll
 
     def settle(self) -> None:
         """A last, waiting attempt at every owed deletion (at close)."""
@@ -86,6 +109,12 @@ class Forgets:
                     "storage still holds pages of forgotten namespace %r: a later cache on "
                     "this store may serve them; forget it again there", namespace,
                 )
+        for tag, ticket in list(self.owed_tags.items()):
+            if self._finished(tag, ticket if ticket is not None else self._start_tag(tag), wait=True):
+                del self.owed_tags[tag]
+            else:
+                log.error("storage still holds records tagged %r: a later cache on this "
+                          "store may serve them; invalidate the tag again there", tag)
 
     def _start(self, namespace: Namespace) -> Ticket | None:
         try:
@@ -94,7 +123,7 @@ class Forgets:
             self._failed("forgetting a namespace in storage", exc)
             return None
 
-    def _finished(self, namespace: Namespace, ticket: Ticket | None, wait: bool) -> bool | None:
+    def _finished(self, what: Namespace | str, ticket: Ticket | None, wait: bool) -> bool | None:
         """True: deleted; False: failed (counted); None: still running."""
         if ticket is None:
             return False
@@ -103,6 +132,7 @@ class Forgets:
         elif not ticket.done():
             return None
         if ticket.error is not None:
-            self._failed("forgetting a namespace in storage", ticket.error)
+            action = "invalidating a tag" if isinstance(what, str) else "forgetting a namespace"
+            self._failed(f"{action} in storage", ticket.error)
             return False
         return True

@@ -36,6 +36,7 @@ from radixcache.tiers.forgets import Forgets
 from radixcache.tiers.host_index import HostIndex
 from radixcache.tiers.jobs import TierJob
 from radixcache.tiers.loads import LoadBack
+from radixcache.tiers.survivors import PutExtras
 from radixcache.tiers.write_jobs import BackupJob, StoreJob
 from radixcache.namespace import Namespace
 from radixcache.tree.node import EMPTY_PAGES, InsertResult, MatchResult, Node, PageIds
@@ -105,6 +106,7 @@ class HostTiers:
         self._deferred_stores: list[Node] = []  # backed up while being evicted
         self.counters = TierCounters()
         self.forgets = Forgets(lambda: self.storage, self.tier_failed)  # epochs, deletions owed
+        self.put_extras: PutExtras | None = None  # retention deadline and tags of a store job
 
     @property
     def storage(self) -> Storage:
@@ -313,6 +315,12 @@ class HostTiers:
             job.before_forget(namespace)
         if self.storage_state != "disabled":
             self.forgets.delete(namespace)
+
+    def invalidate_tag(self, tag: str) -> None:
+        """Storage's records under ``tag`` go before this returns (or the
+        invalidation is owed: see ``Forgets.invalidate``)."""
+        if self.storage_state != "disabled":
+            self.forgets.invalidate(tag)
 
     def busy(self) -> bool:
         """Jobs in flight (or stores deferred by an eviction): what settling

@@ -36,6 +36,7 @@ from radixcache.tree.node import EMPTY_PAGES, Node, PageIds
 from radixcache.offload import Job, OffloadController
 from radixcache.request import Request
 from radixcache.tiers.config import TierCounters
+from radixcache.tiers.survivors import PutExtras
 from radixcache.tree.radix_tree import RadixTree
 
 
@@ -49,6 +50,7 @@ class JobRuntime(Protocol):
     counters: TierCounters
     page_size: int
     jobs: dict[TierJob, None]  # live jobs, in submission order
+    put_extras: PutExtras | None  # a store's retention deadline and tags (None: none)
 
     def free_device(self, pages: PageIds) -> None: ...
 

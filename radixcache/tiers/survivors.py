@@ -35,7 +35,7 @@ transaction per event.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -73,11 +73,16 @@ class SurvivorReport:
     unannounceable: int  # records without an event id, raw, or unreadable
 
 
-def put_meta(ids: EventIds, nodes: Sequence[Node]) -> PutMeta:
+# The retention deadline and the tags of a run of nodes a store job writes
+# (the cache's ``Retention.deadline`` and ``TagBook.tags_of``).
+PutExtras = Callable[[Sequence[Node]], tuple["float | None", tuple[str, ...]]]
+
+
+def put_meta(ids: EventIds, nodes: Sequence[Node], extras: PutExtras | None = None) -> PutMeta:
     """The ``PutMeta`` of a store job writing every page of ``nodes`` (one
     run, path order): event ids (cached on the nodes, as their events use
     them), the parent's id, the first page's depth and the namespace's info
-    bytes."""
+    bytes; with ``extras``, the run's retention deadline and its namespace's tags."""
     first = nodes[0]
     parts = [ids.node_ids(n) for n in nodes]
     block_ids = (parts[0] if len(parts) == 1 else np.concatenate(parts)).tolist()
@@ -86,11 +91,14 @@ def put_meta(ids: EventIds, nodes: Sequence[Node]) -> PutMeta:
     while n is not None and n.parent is not None:
         depth += int(n.key.size)
         n = n.parent
+    expires_at, tags = extras(nodes) if extras is not None else (None, ())
     return PutMeta(
         block_ids=block_ids,
         parent_block_id=ids.parent_id(first),
         first_depth=depth // ids.page_size,
         info=first.namespace.to_info(),
+        expires_at=expires_at,
+        tags=tags,
     )
 
 

@@ -75,7 +75,7 @@ class StoreJob(TierJob):
         self.namespace = self.last.namespace
         self.epoch = epoch  # the namespace's forget count at submission
         rt.index.hold(nodes)  # the host copies stay; the device copies stay evictable
-        meta = put_meta(rt.tree.ids, nodes)  # event ids, parent, depth: survivors after a restart
+        meta = put_meta(rt.tree.ids, nodes, rt.put_extras)  # event ids, parent, depth: survivors after a restart
         self._submitted(
             rt.controller.store(
                 keys, tokens, host, self.namespace.digest(), self, meta, self.namespace.tenant

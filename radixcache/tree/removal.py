@@ -121,6 +121,30 @@ class NodeRemoval:
             yield n
             stack.extend(n.children.values())
 
+    def cut(self, top: Node, dev: list[PageIds]) -> bool:
+        """Remove ``top`` (a non-root node) and everything below it that no
+        lock or job holds, collecting their device pages in ``dev`` (the
+        caller frees them); True if all of it went. What is held stays in
+        place (the caller keeps it from being served and cuts it again later)."""
+        parent = top.parent
+        assert parent is not None, "cutting a namespace root"
+        if top.lock_ref > 0 or self.held_below(top):
+            self._prune(top, dev)
+            return False
+        del parent.children[top.key[: self.tree.page_size].tobytes()]
+        if top.device is not None:
+            parent.device_children -= 1
+        for gone in self.subtree(top):
+            self.discount(gone, dev)
+        if parent.parent is not None:
+            self.tree.eviction.update(parent)  # it may have become a leaf
+        elif not parent.children:
+            if self.roots.get(parent.namespace) is parent:
+                del self.roots[parent.namespace]
+            elif parent in self.detached:
+                self.detached.remove(parent)
+        return True
+
     # ------------------------------------------------------------------ namespaces
     def forget(self, namespace: Namespace) -> ForgetResult:
         """Remove every node of ``namespace`` that no lock or job holds.

@@ -168,6 +168,10 @@ class ManualStorage:
         self._down("forget_namespace")
         return self.inner.forget_namespace(namespace)
 
+    def invalidate_tag(self, tag: str) -> Any:
+        self._down("invalidate_tag")
+        return self.inner.invalidate_tag(tag)
+
     def stats(self) -> Any:
         self._down("stats")
         return self.inner.stats()

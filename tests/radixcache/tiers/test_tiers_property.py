@@ -28,7 +28,9 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 import os
 import tempfile
+import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -81,6 +83,7 @@ class TieredMachine(RuleBasedStateMachine):
         # Recent prompts per namespace (kept across restarts): asked again, they
         # find their pages evicted to host or storage, so loads and fetches run.
         self.prompts: list[list[list[int]]] = [[] for _ in NAMESPACES]
+        self.clock: Callable[[], float] = time.time  # what TTLs are measured with
         self._open()
 
     def _open(self) -> None:
@@ -101,7 +104,8 @@ class TieredMachine(RuleBasedStateMachine):
             model_id="property",
         )
         self.cache = RadixCache(CacheConfig(spec=SPEC, device_pages=16, tiers=tiers,
-                                            quotas=None if self.quotas is None else dict(self.quotas)))  # type: ignore[arg-type]
+                                            quotas=None if self.quotas is None else dict(self.quotas)),  # type: ignore[arg-type]
+                                clock=self.clock)
         t = self.cache.tiers
         assert isinstance(t, HostTiers) and self.cache.kv is not None
         t.controller.copy.close()
