@@ -7,6 +7,9 @@ Mooncake keys are text, and the store can remove keys by regular expression
               -> the storage record of one page (offload/storage/record.py)
     marker  <prefix><fingerprint hex>/ns/<namespace tag hex>/<page key hex>
               -> 16 bytes (the tag); "this page is live in its namespace"
+    tag     <prefix><fingerprint hex>/tag/<tag id hex>/<slot 00..3f>
+              -> 16 bytes: a namespace tag a put tagged with the tag (one
+                 of TAG_SLOTS slots; offload/mooncake/tags.py)
 
 Lookups and reads need only the page key (the tree does not pass the
 namespace), so records carry no namespace in their name; the marker does,
@@ -21,20 +24,25 @@ another program's keys (never ``remove_all``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 
 from radixcache.offload.storage import record
 
 
+TAG_SLOTS = 64  # namespaces one tag can list in a Mooncake pool
+
+
 class PoolKeys:
     """Object names of one fingerprint under one key prefix."""
 
-    __slots__ = ("_base", "_ns")
+    __slots__ = ("_base", "_ns", "_digest")
 
     def __init__(self, prefix: str, digest: bytes) -> None:
         self._base = f"{prefix}{digest.hex()}/"  # every record name starts with it
         self._ns = f"{self._base}ns/"  # every marker name starts with it
+        self._digest = digest
 
     def records(self, rkeys: Sequence[bytes]) -> list[str]:
         """Names of the records of record keys (fingerprint digest + page key)."""
@@ -51,3 +59,9 @@ class PoolKeys:
     def forget_pattern(self, tag: bytes) -> str:
         """The regular expression matching every marker of namespace ``tag``."""
         return "^" + re.escape(f"{self._ns}{tag.hex()}/")
+
+    def tag_slots(self, tag: str) -> list[str]:
+        """Names of the ``TAG_SLOTS`` slots listing the namespaces of ``tag``
+        (scoped to the fingerprint; the tag itself is hashed)."""
+        tid = hashlib.blake2b(self._digest + tag.encode(), digest_size=16).hexdigest()
+        return [f"{self._base}tag/{tid}/{slot:02x}" for slot in range(TAG_SLOTS)]

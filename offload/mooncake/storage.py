@@ -20,6 +20,11 @@ holder exits, the pages in its segment are gone (a graceful exit unmounts
 it at once; a killed one is unreadable until the master's ``client_ttl``):
 misses, never wrong bytes.
 
+Tags: a put's tags list its namespace in the pool (offload/mooncake/tags.py)
+and ``invalidate_tag`` forgets the namespaces a tag lists, whoever wrote
+them. Retention is not supported yet: a put with a deadline writes nothing
+(counted in ``MooncakePoolStats.past_deadline``).
+
 Leases: a read (and an existence check) leases the object for the master's
 ``default_kv_lease_ttl``; a read that outlives its lease reports
 LEASE_EXPIRED and is a miss, its bytes never used. Eviction (the master's
@@ -55,7 +60,10 @@ from radixcache.offload.storage import (
     RecordMeta,
     StorageBase,
     StoreSizes,
+    TagJob,
 )
+from radixcache.offload.storage.checks import check_tag
+from radixcache.transfer.ticket import FutureTicket, Ticket
 from radixcache.transfer.layout import KVSpec
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,8 @@ class MooncakePoolStats:
     size_lookups: int  # get_size calls a reader made to learn a record head's size
     orphans: int  # records read without their namespace marker (forgotten; deleted)
     removals_observed: bool  # always False: Mooncake's PyPI build reports no removals
+    past_deadline: int  # pages not written: they carried a retention deadline (not supported yet)
+    tag_full: int  # pages not written: a tag of theirs lists TAG_SLOTS namespaces already
 
 
 class MooncakeStorage(StorageBase):
@@ -140,6 +150,17 @@ class MooncakeStorage(StorageBase):
             n += 1
         return n
 
+    def invalidate_tag(self, tag: str) -> Ticket:
+        """Forget every namespace of this model that a put (of any engine)
+        tagged with ``tag`` (offload/mooncake/tags.py); result: the pages
+        removed (their markers). The ticket fails (``PoolUnavailable``) when
+        the master cannot be reached. ValueError / TypeError for a tag that
+        is not 1-128 printable ASCII characters without spaces."""
+        self._check_open()
+        ticket = FutureTicket()
+        self._writer.submit(TagJob(b"", ticket, tag=check_tag(tag)))
+        return ticket
+
     def scan(self) -> Iterator[RecordMeta]:
         """Nothing: the pool's records belong to every engine that uses it, so an
         engine announces only the pages it wrote (as it writes them)."""
@@ -157,6 +178,8 @@ class MooncakeStorage(StorageBase):
             size_lookups=self._reader.size_lookups,
             orphans=self._reader.orphans,
             removals_observed=False,
+            past_deadline=self._writer.past_deadline,
+            tag_full=self._writer.tag_full,
         )
 
     def _release(self) -> None:

@@ -12,6 +12,9 @@
                                                      copied) and missing markers
     delete: batch_remove(force) of the records (their markers stay: 16 bytes
             each, harmless, gone with their namespace)
+    tags:   a put that carries tags lists its namespace under each first
+            (offload/mooncake/tags.py); invalidate_tag forgets every
+            namespace a tag lists, as forget does, then clears its slots
     forget: remove_by_regex(force) of the namespace's markers, for every
             engine's pages at once; the records this process stored under it
             are removed too, the others' when a reader or a put meets them
@@ -22,6 +25,11 @@ whose marker is missing was forgotten (or its marker evicted): it is removed
 and written again, never revived with the old bytes. Removals use ``force``:
 a reader's lease must not keep a deleted or forgotten record alive, and every
 read verifies what it gets anyway.
+
+Retention is not supported on Mooncake yet: the store sets no expiry on an
+object, so a put that carries a deadline (``PutMeta.expires_at``) writes
+nothing (its ticket says 0) and is counted (``MooncakePoolStats.past_deadline``
+counts those pages), rather than store pages that could outlive it.
 
 Failures never escape the thread: a master that cannot be reached ends a put
 with the pages stored so far and fails a forget's ticket (the namespace may
@@ -38,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 from radixcache.offload.mooncake.keys import PoolKeys
 from radixcache.offload.mooncake.link import OK, RPC_FAIL, MooncakeLink, PoolUnavailable
+from radixcache.offload.mooncake.tags import TagFull, TagSlots, pinned
 from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.offload.storage import (
     Counters,
@@ -46,6 +55,7 @@ from radixcache.offload.storage import (
     HeldRemovalLog,
     JobWriter,
     PutJob,
+    TagJob,
     WriteJob,
 )
 from radixcache.offload.storage import record as rec
@@ -86,7 +96,10 @@ class MooncakeWriter(JobWriter):
         self._before_job = before_job
         self._by_tag: dict[bytes, set[bytes]] = {}  # record keys this process stored, per namespace tag
         self._refused = RateLimitedLog(log)  # a full pool refuses every put
+        self._tags = TagSlots(link, keys, pinned(self._replicate))
         self.unavailable = 0  # jobs cut short because the master was unreachable
+        self.past_deadline = 0  # pages not written: they carried a retention deadline
+        self.tag_full = 0  # pages not written: a tag of theirs lists TAG_SLOTS namespaces
         super().__init__(  # one job per step: a put batches its own chunks
             where, counters, removals, merge_pages=1, thread_name="radixcache-mooncake-write"
         )
@@ -103,6 +116,8 @@ class MooncakeWriter(JobWriter):
                 self._put(job)
             elif isinstance(job, DeleteJob):
                 self._delete(job)
+            elif isinstance(job, TagJob):
+                self._invalidate(job)
             else:
                 self._forget(job)
 
@@ -112,6 +127,11 @@ class MooncakeWriter(JobWriter):
         stored = written = skipped = 0
         wrote: list[bytes] = []
         try:
+            if job.meta is not None and job.meta.expires_at is not None:
+                self.past_deadline += len(job.keys)  # no expiry on Mooncake: not written
+                raise _Skip
+            for tag in () if job.meta is None else job.meta.tags:
+                self._tags.register(tag, job.ns_tag)  # before any value of the namespace
             host_bytes = job.host.as_bytes()
             if not host_bytes.flags.c_contiguous:
                 raise ValueError("the host buffer must be one contiguous block of pages")
@@ -126,6 +146,10 @@ class MooncakeWriter(JobWriter):
                 wrote.extend(pkeys[start + j] for j in fresh)
                 if ok < end - start:
                     break
+        except _Skip:
+            pass
+        except TagFull:
+            self.tag_full += len(job.keys)
         except PoolUnavailable:
             self.unavailable += 1
             self._counters.add(failed_ops=1)
@@ -237,21 +261,45 @@ class MooncakeWriter(JobWriter):
         return gone
 
     def _forget(self, job: ForgetJob) -> None:
-        pattern = self._keys.forget_pattern(job.ns_tag)
         try:
-            count: int = self._link.run(lambda store: store.remove_by_regex(pattern, True))
-            if count == RPC_FAIL:
-                self._link.mark_down("a forget found the master unreachable")
-                raise PoolUnavailable("the master is unreachable")
-            if count < 0:
-                raise PoolUnavailable(f"remove_by_regex failed ({count})")
+            count = self._forget_namespace(job.ns_tag)
         except PoolUnavailable as exc:
             self.unavailable += 1
             self._counters.add(failed_ops=1)
             job.ticket.fail(exc)  # the namespace may still be in the pool: say so
             return
-        mine = sorted(self._by_tag.pop(job.ns_tag, ()))
-        self._remove(mine)  # their markers are gone: free their memory now
-        self._held.removed(page_key(k) for k in mine)  # reported even if another engine removed them
         self._counters.add(deleted=count)
         job.ticket.finish(count)
+
+    def _forget_namespace(self, ns_tag: bytes) -> int:
+        """Remove the markers of namespace ``ns_tag`` (and this process's records
+        of it); returns the markers removed. Raises PoolUnavailable."""
+        pattern = self._keys.forget_pattern(ns_tag)
+        count: int = self._link.run(lambda store: store.remove_by_regex(pattern, True))
+        if count == RPC_FAIL:
+            self._link.mark_down("a forget found the master unreachable")
+            raise PoolUnavailable("the master is unreachable")
+        if count < 0:
+            raise PoolUnavailable(f"remove_by_regex failed ({count})")
+        mine = sorted(self._by_tag.pop(ns_tag, ()))
+        self._remove(mine)  # their markers are gone: free their memory now
+        self._held.removed(page_key(k) for k in mine)  # reported even if another engine removed them
+        return count
+
+    def _invalidate(self, job: TagJob) -> None:
+        """Forget every namespace ``job.tag`` lists, then clear its slots."""
+        try:
+            listed = self._tags.listed(job.tag)
+            count = sum(self._forget_namespace(ns_tag) for ns_tag in listed.values())
+            self._tags.clear(job.tag, sorted(listed))
+        except PoolUnavailable as exc:
+            self.unavailable += 1
+            self._counters.add(failed_ops=1)
+            job.ticket.fail(exc)  # the slots still list what was not forgotten
+            return
+        self._counters.add(deleted=count)
+        job.ticket.finish(count)
+
+
+class _Skip(Exception):
+    """A put that writes nothing, by design (not a failure)."""

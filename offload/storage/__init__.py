@@ -7,7 +7,7 @@
                     every backend); kv_checksum.py, its KV checksum
     chunk.py        several pages' records in one value (a pool's chunks)
     checks.py       validation of what callers hand a backend
-    jobs.py         read/put/delete/forget jobs; a put frames its records
+    jobs.py         read/put/delete/forget/tag jobs; a put frames its records
     base.py         ``StorageBase``: the contract's calls, once for all backends
     reader.py       ``PageReader``: fetch (the backend's), verify, copy, count
     writer.py       ``JobWriter``: the writer thread and its contract
@@ -39,7 +39,7 @@ from radixcache.offload.storage.contract import (
     StorageUnavailable,
     TokenPages,
 )
-from radixcache.offload.storage.jobs import DeleteJob, ForgetJob, PutJob, ReadJob, WriteJob
+from radixcache.offload.storage.jobs import DeleteJob, ForgetJob, PutJob, ReadJob, TagJob, WriteJob
 from radixcache.offload.storage.kv_checksum import kv_checksum
 from radixcache.offload.storage.reader import PageReader, StoredValue
 from radixcache.offload.storage.record import RecordMeta, page_record_size, record_size
@@ -74,6 +74,7 @@ __all__ = [
     "StorageUnavailable",
     "StoreSizes",
     "StoredValue",
+    "TagJob",
     "TokenPages",
     "WriteJob",
     "kv_checksum",

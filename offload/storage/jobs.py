@@ -1,4 +1,4 @@
-"""The work a backend's threads do for the owner: read, put, delete, forget.
+"""The work a backend's threads do for the owner: read, put, delete, forget, invalidate a tag.
 
 ``StorageBase`` turns each call into one job, with every input validated and
 copied (record keys, token ids, host page ids); the job is then owned by the
@@ -140,7 +140,16 @@ class ForgetJob:
     result: int = 0  # records removed
 
 
-WriteJob = PutJob | DeleteJob | ForgetJob
+@dataclass(slots=True)
+class TagJob(ForgetJob):
+    """Remove every record of every namespace a put tagged with ``tag``
+    (``Storage.invalidate_tag``): a forget of each of those namespaces
+    (``ns_tag`` is unused)."""
+
+    tag: str = ""  # the tag (checked: ``checks.check_tag``)
+
+
+WriteJob = PutJob | DeleteJob | ForgetJob  # a TagJob is a ForgetJob: check for it first
 
 
 def job_pages(job: WriteJob) -> int:

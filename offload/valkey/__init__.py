@@ -1,7 +1,7 @@
 """The Valkey backend: the storage tier as a pool on a Valkey server or cluster, shared by engines.
 
     config.py     ValkeyConfig: URL (one or several nodes), credentials, TLS,
-                  timeouts, TTL, batches, pages per value
+                  timeouts, TTL, batches, pages per value, tenant quotas, clock
     storage.py    ValkeyStorage: the link, probe, reader, writer, observer and
                   the watcher of the servers' settings; the contract's calls
                   are the shared base's
@@ -14,8 +14,11 @@
     bulk.py       GET replies parsed off the socket into host pages
     lookup.py     the longest stored prefix in one round trip; PoolLookup for routers
     reader.py     the read transport: GETs into host pages, the next batch meanwhile
-    writer.py     the write transport: encoder and sender, SET NX EX pipelines
-    removals.py   which pages left (keyspace notifications), values to rewrite
+    writer.py     the write transport: encoder and sender threads, jobs in order
+    sending.py    one chunk of a put: index, tags, SET NX PX (or the quota script)
+    lifetime/     how long values live and what removes them: retention
+                  deadlines, tags and invalidate_tag, per-tenant byte quotas,
+                  deletes and forgets, which pages left (keyspace notifications)
     scratch.py    a scratch server or 3-node cluster for demos and benchmarks
 
 The client library (redis-py, the ``valkey`` extra) is imported only by the
@@ -32,6 +35,7 @@ from radixcache.offload.lazy import LazyNames
 from radixcache.offload.valkey.config import SCHEMES, ValkeyConfig, redact_url
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from radixcache.offload.valkey.lifetime.quotas import TenantPoolStats
     from radixcache.offload.valkey.link import PoolUnavailable
     from radixcache.offload.valkey.lookup import PoolLookup
     from radixcache.offload.valkey.scratch import ScratchCluster, scratch_cluster, scratch_server
@@ -43,6 +47,7 @@ _NAMES = LazyNames(
         "PoolLookup": "radixcache.offload.valkey.lookup",
         "PoolStats": "radixcache.offload.valkey.storage",
         "PoolUnavailable": "radixcache.offload.valkey.link",
+        "TenantPoolStats": "radixcache.offload.valkey.lifetime.quotas",
         "ValkeyStorage": "radixcache.offload.valkey.storage",
         "ScratchCluster": "radixcache.offload.valkey.scratch",
         "scratch_cluster": "radixcache.offload.valkey.scratch",

@@ -24,10 +24,14 @@ both are given.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from radixcache.offload.storage.checks import positive_float, positive_int
+from radixcache.offload.storage.contract import Clock
 from radixcache.offload.storage.crypt import KeySource
 
 SCHEMES = {"valkey": False, "redis": False, "valkeys": True, "rediss": True}  # -> TLS
@@ -45,6 +49,7 @@ MAX_AUTO_CHUNK_PAGES = 1
 MAX_CHUNK_PAGES = 256
 
 Node = tuple[str, int]  # (host, port)
+TenantLimits = Mapping[bytes | None, int | None]  # tenant -> pool bytes (None: no limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,13 @@ class ValkeyConfig:
     # variable holding them (never the keys themselves); neither: in the clear.
     key_file: str | None = None
     key_env: str | None = None
+    # Per-tenant limits on value bytes in the pool (offload/valkey/lifetime/quotas.py):
+    # tenant (as put() names it; None: the default tenant) -> bytes, None: no
+    # limit; tenants not listed get ``tenant_quota_default`` (None: no limit).
+    tenant_quotas: TenantLimits = field(default_factory=dict, hash=False, repr=False)
+    tenant_quota_default: int | None = None
+    # Wall clock that retention deadlines (PutMeta.expires_at) are compared with.
+    clock: Clock = field(default=time.time, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -125,6 +137,14 @@ class ValkeyConfig:
         if self.seeds and not self.cluster:
             raise ValueError("several nodes name a cluster: add ?cluster=true (cluster=True)")
         KeySource(self.key_file, self.key_env)  # validates them
+        limits, default = check_tenant_limits(self.tenant_quotas, self.tenant_quota_default)
+        object.__setattr__(self, "tenant_quotas", limits)  # a read-only private copy
+        if not callable(self.clock):
+            raise TypeError(f"clock must be a callable returning seconds, got {self.clock!r}")
+
+    def tenant_limit(self, tenant: bytes | None) -> int | None:
+        """The pool bytes ``tenant`` may keep (None: no limit), as configured."""
+        return self.tenant_quotas.get(tenant, self.tenant_quota_default)
 
     @property
     def keys(self) -> KeySource:
@@ -187,6 +207,31 @@ class ValkeyConfig:
         tail = "?cluster=true" if self.cluster else f"/{self.db}"
         hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.nodes)
         return f"{scheme}://{auth}{hosts}{tail}"
+
+
+def check_tenant_limits(
+    quotas: object, default: object
+) -> tuple[Mapping[bytes | None, int | None], int | None]:
+    """A read-only checked copy of per-tenant pool limits and the checked
+    default; TypeError / ValueError name what is wrong (a tenant is shown by
+    its length only: a salt may be a secret)."""
+    if not isinstance(quotas, Mapping):
+        raise TypeError(
+            f"tenant_quotas must be a mapping of tenant -> bytes, got {type(quotas).__name__}"
+        )
+    checked: dict[bytes | None, int | None] = {}
+    for tenant, limit in quotas.items():
+        if tenant is not None and not isinstance(tenant, bytes):
+            raise TypeError(f"tenant_quotas: a tenant is bytes or None, got {type(tenant).__name__}")
+        name = "None" if tenant is None else f"<{len(tenant)}-byte tenant>"
+        checked[tenant] = _limit(limit, f"tenant_quotas[{name}]")
+    return MappingProxyType(checked), _limit(default, "tenant_quota_default")
+
+
+def _limit(value: object, where: str) -> int | None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise ValueError(f"{where} must be a non-negative int of bytes or None, got {value!r}")
+    return value
 
 
 def _nodes(hostlist: str, shown: str) -> list[Node]:

@@ -209,7 +209,7 @@ class PoolLink:
         return out
 
     def per_node(
-        self, keys: Sequence[bytes], command: Callable[[list[int]], Command]
+        self, keys: Sequence[bytes], command: Callable[[list[int]], Command], *, nbytes: int = 0
     ) -> list[tuple[list[int], Any]]:
         """Send ``command(positions in keys of the keys a node serves)`` to
         every node serving some of ``keys``, all at once: one round trip.
@@ -219,7 +219,7 @@ class PoolLink:
         def read(node: PoolNode, conn: Connection, positions: list[int]) -> list[Any]:
             return [self._judge(node, self._reply(conn))]
 
-        calls = self._call(keys, lambda ps: [command(ps)], read, 0)
+        calls = self._call(keys, lambda ps: [command(ps)], read, nbytes)
         return [(positions, replies[0]) for positions, replies in calls]
 
     def get_into(

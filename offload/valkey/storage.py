@@ -7,6 +7,11 @@ Keys and values in the pool (offload/valkey/layout.py)::
                                                         at this page (1 to 4N)
     <key_prefix>ns:<namespace tag (16)>:<shard>     ->  set of the value keys put
                                                         under that namespace
+    <key_prefix>tag:<tag id (16)>                   ->  set of the namespace tags
+                                                        a tag names (lifetime/tags.py)
+    <key_prefix>tq:{<node tag>}:<tenant id>:s / :o  ->  a tenant's value sizes and
+                                                        write order, where it has a
+                                                        byte limit (lifetime/quotas.py)
 
 A page key already binds its namespace and its whole prefix; the fingerprint
 digest binds the model, KV layout and rank (invariant 8), so engines of one
@@ -23,8 +28,16 @@ being evicted). A value can therefore vanish between ``longest_prefix`` and
 ``get``: ``get`` then serves the leading pages it found and the rest is a
 miss, which the engine recomputes.
 
+Retention: values expire by the put's deadline (``PutMeta.expires_at``) at
+the latest; a put past it writes nothing (lifetime/retention.py). Tags:
+``invalidate_tag`` forgets every namespace a put tagged (lifetime/tags.py),
+whichever engine wrote it. Quotas: a tenant with a byte limit
+(``ValkeyConfig.tenant_quotas``, ``set_tenant_quotas``) has its own oldest
+values evicted by a server-side script to fit; what cannot fit is dropped
+and counted (``tenant_stats``; lifetime/quotas.py). No floors.
+
 Removals (``take_removed``): observed through keyspace notifications where the
-server sends them (offload/valkey/removals.py); otherwise only this process's
+server sends them (offload/valkey/lifetime/removals.py); otherwise only this process's
 own deletions are reported and the server's evictions are unknown.
 
 Failures: a node that is down, slow (``socket_timeout_s``), loading, or
@@ -39,7 +52,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,15 +66,19 @@ from radixcache.offload.storage import (
     RecordMeta,
     StorageBase,
     StoreSizes,
+    TagJob,
     TokenPages,
 )
-from radixcache.transfer.ticket import Ticket
+from radixcache.offload.storage.checks import check_tag
+from radixcache.transfer.ticket import FutureTicket, Ticket
 from radixcache.offload.valkey.config import ValkeyConfig
 from radixcache.offload.valkey.layout import Cuts
+from radixcache.offload.valkey.lifetime.quotas import QuotaBook, TenantLimits, TenantPoolStats
+from radixcache.offload.valkey.lifetime.tags import TagSets
 from radixcache.offload.valkey.link import PoolLink, PoolUnavailable
 from radixcache.offload.valkey.lookup import PrefixProbe
 from radixcache.offload.valkey.reader import PoolReader, ReadHints
-from radixcache.offload.valkey.removals import (
+from radixcache.offload.valkey.lifetime.removals import (
     KeyspaceObserver,
     Suspects,
     ValueIndex,
@@ -90,6 +107,7 @@ class PoolStats:
     nodes: int  # primaries known (1 for a single server)
     nodes_up: int  # of those, not marked down now
     pages_per_value: int  # pages a stored value holds on average (N)
+    past_deadline: int  # pages puts did not write: their retention deadline had passed
 
 
 class ValkeyStorage(StorageBase):
@@ -133,9 +151,12 @@ class ValkeyStorage(StorageBase):
             if config.observe_removals
             else None
         )
+        self._limits = TenantLimits(config.tenant_quotas, config.tenant_quota_default)
+        self._quotas = QuotaBook(self._link)
         self._writer = PoolWriter(
             self.where, self._counters, self._held, self._link, cuts=self._cuts,
-            values=self._values, suspects=suspects, check_first=fingerprint.rank_shared,
+            values=self._values, suspects=suspects, tags=TagSets(config.key_prefix, self._digest),
+            limits=self._limits, quotas=self._quotas, check_first=fingerprint.rank_shared,
             after_job=self._refresh_sizes,
         )  # fmt: skip
         self._reader = PoolReader(self._link, self._writer, self._cuts, self._hints, suspects)
@@ -255,6 +276,45 @@ class ValkeyStorage(StorageBase):
         self._hints.clear()
         return super().put(keys, tokens, host, host_pages, namespace, meta, tenant=tenant)
 
+    def invalidate_tag(self, tag: str) -> Ticket:
+        """Forget every namespace of this model that a put (of any engine)
+        tagged with ``tag``; result: the pages removed, reported as a
+        forget's removals. The ticket fails (``PoolUnavailable``) when a node
+        holding the tag's set or a namespace index is down; the tag's set
+        then still lists what was not forgotten. ValueError / TypeError for
+        a tag that is not 1-128 printable ASCII characters without spaces."""
+        self._check_open()
+        ticket = FutureTicket()
+        self._writer.submit(TagJob(b"", ticket, tag=check_tag(tag)))
+        return ticket
+
+    def set_tenant_quotas(
+        self, quotas: Mapping[bytes | None, int | None], default: int | None = None
+    ) -> None:
+        """Replace the per-tenant byte limits (as ``ValkeyConfig.tenant_quotas``
+        and ``tenant_quota_default``) for the puts that follow; a tenant over
+        a lowered limit evicts its own oldest values at its next put on each
+        node. ValueError / TypeError name a bad entry (nothing changes)."""
+        self._check_open()
+        self._limits.replace(quotas, default)
+
+    def tenant_stats(self) -> dict[bytes | None, TenantPoolStats]:
+        """Per tenant (every tenant with a limit of its own, or that this
+        engine counted something for): the bytes and values the pool counts
+        for it now, over every engine (one round trip; a node that is down
+        counts nothing), its limit, and this engine's counts (see
+        ``TenantPoolStats``)."""
+        self._check_open()
+        tenants = self._limits.tenants()
+        figures = self._quotas.figures(tenants)
+        out: dict[bytes | None, TenantPoolStats] = {}
+        for tenant in tenants:
+            nbytes, values = figures[tenant]
+            evicted, dropped, past = self._limits.counts(tenant)
+            limit = self._limits.limit(tenant)
+            out[tenant] = TenantPoolStats(nbytes, values, limit, evicted, dropped, past)
+        return out
+
     def scan(self) -> Iterator[RecordMeta]:
         """Nothing: the pool's records belong to every engine that uses it, so an
         engine announces only the pages it wrote (as it writes them)."""
@@ -283,6 +343,7 @@ class ValkeyStorage(StorageBase):
             nodes=len(nodes),
             nodes_up=sum(node.available() for node in nodes),
             pages_per_value=self._cuts.n,
+            past_deadline=self._writer.past_deadline,
         )
 
     def _release(self) -> None:
