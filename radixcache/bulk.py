@@ -11,6 +11,7 @@ Owner thread only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from radixcache.errors import RequestStateError
@@ -23,6 +24,8 @@ from radixcache.tiers.contract import Tiers
 from radixcache.transfer import PageAllocator
 from radixcache.tree.node import Node
 from radixcache.tree.radix_tree import RadixTree
+
+log = logging.getLogger(__name__)
 
 
 class CacheBulk:
@@ -53,6 +56,23 @@ class CacheBulk:
         extras = getattr(tiers, "put_extras", False)
         if extras is None:  # tiers with storage: store jobs carry deadlines and tags
             tiers.put_extras = self.put_extras  # type: ignore[attr-defined]
+            if retention is not None:
+                tiers.date_fetched = self.date_fetched  # type: ignore[attr-defined]
+
+    def date_fetched(self, node: Node, keys: list[bytes]) -> None:
+        """Pages read back from storage are dated by their records' deadlines."""
+        assert self.retention is not None
+        deadlines = getattr(self.tiers.storage, "deadlines", None)  # type: ignore[attr-defined]
+        if deadlines is None:  # a store that cannot tell: they serve the request that fetched them only
+            self.retention.cap(node, self.retention.clock())
+            return
+        try:
+            found = [d for d in deadlines(keys) if d is not None]
+        except Exception:  # unknown: dated as past their TTL (not served again)
+            log.warning("storage could not tell the deadlines of pages read back", exc_info=True)
+            found = [self.retention.clock()]
+        if found:
+            self.retention.cap(node, min(found))
 
     def put_extras(self, nodes: Sequence[Node]) -> tuple[float | None, tuple[str, ...]]:
         """The retention deadline and the tags a store of ``nodes`` records."""

@@ -116,6 +116,15 @@ def storage_quotas(
     return quotas, ((d.storage_bytes, d.storage_floor) if sets(d) else None)
 
 
+def pool_quotas(book: QuotaBook | None) -> tuple[dict[bytes | None, int | None], int | None]:
+    """The shared-pool byte limits ``book`` sets (``pool_bytes``), as a Valkey
+    pool takes them: per tenant, and for tenants not listed."""
+    if book is None:
+        return {}, None
+    return ({t: q.pool_bytes for t, q in book.items() if q.pool_bytes is not None},
+            book.default.pool_bytes)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheIndex:
     """What ``build_index`` made."""
@@ -162,7 +171,8 @@ def build_index(
         index,
         kv,
         config.tiers,
-        open_storage(config.tiers, config.spec, *storage_quotas(ledger.book)),
+        open_storage(config.tiers, config.spec, *storage_quotas(ledger.book),
+                     pool_quotas(ledger.book)),
         allocate_device,
         free_device,
     )

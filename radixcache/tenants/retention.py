@@ -115,6 +115,20 @@ class Retention:
         self.born[node.uid] = now
         heapq.heappush(self._heaps.setdefault(key, []), (now, node.uid, node))
 
+    def cap(self, node: Node, deadline: float | None) -> None:
+        """``node`` came from storage, whose record expires at ``deadline``
+        (None: unknown or none): date it no later than that deadline minus the
+        tenant's TTL, so reading a page back never extends its life."""
+        ttl = self.ttl(node.namespace.tenant)
+        if deadline is None or ttl is None:
+            return
+        self.noted(node)
+        born = self.born.get(node.uid)
+        if born is not None and deadline - ttl < born:
+            self.born[node.uid] = deadline - ttl
+            heapq.heappush(self._heaps.setdefault(node.namespace.tenant, []),
+                           (deadline - ttl, node.uid, node))
+
     def deadline(self, nodes: Sequence[Node]) -> float | None:
         """When the earliest of ``nodes`` (one namespace) expires; None: never."""
         if not self.born:
@@ -146,7 +160,9 @@ class Retention:
                 continue
             limit = now - ttl
             while heap and heap[0][0] <= limit:
-                _, uid, node = heapq.heappop(heap)
+                born, uid, node = heapq.heappop(heap)
+                if self.born.get(uid) != born:
+                    continue  # superseded by an earlier date (``cap``), or gone
                 del self.born[uid]
                 if node.forgotten or not tree.below.is_attached(node):
                     continue

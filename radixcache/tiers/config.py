@@ -22,6 +22,7 @@ from radixcache.offload import (
     open_backend,
     storage_config,
 )
+from radixcache.offload.valkey.config import ValkeyConfig
 from radixcache.transfer import KVSpec
 
 
@@ -110,14 +111,16 @@ def open_storage(
     spec: KVSpec,
     tenant_quotas: Mapping[bytes | None, tuple[int | None, int]] | None = None,
     tenant_quota_default: tuple[int | None, int] | None = None,
+    pool_quotas: tuple[Mapping[bytes | None, int | None], int | None] = ({}, None),
 ) -> StorageOpening:
     """The storage tier ``config`` asks for: LMDB (recovered or disabled when
     it cannot be opened, see offload/lmdb/opening.py), a Valkey pool, or
     ``NullStorage``. ``tenant_quotas`` / ``tenant_quota_default``: per-tenant
     byte quotas from the cache's quotas (``TenantQuota.storage_bytes`` and
     ``storage_floor``), laid over the LMDB config's own (a tenant listed here
-    takes this quota; a default given here replaces the config's); a pool
-    has no quotas and ignores them."""
+    takes this quota; a default given here replaces the config's).
+    ``pool_quotas`` (per tenant, default): byte limits from ``pool_bytes``,
+    laid over a Valkey pool's ``tenant_quotas`` the same way."""
     if config.storage is None:
         return StorageOpening(NullStorage(), "disabled")
     fingerprint = ModelFingerprint(
@@ -129,5 +132,13 @@ def open_storage(
             target,
             tenant_quotas={**target.tenant_quotas, **(tenant_quotas or {})},
             tenant_quota_default=tenant_quota_default or target.tenant_quota_default,
+        )
+    pool, pool_default = pool_quotas
+    if isinstance(target, ValkeyConfig) and (pool or pool_default is not None):
+        target = dataclasses.replace(
+            target,
+            tenant_quotas={**target.tenant_quotas, **pool},
+            tenant_quota_default=(pool_default if pool_default is not None
+                                  else target.tenant_quota_default),
         )
     return open_backend(target, spec, fingerprint)

@@ -107,6 +107,7 @@ class HostTiers:
         self.counters = TierCounters()
         self.forgets = Forgets(lambda: self.storage, self.tier_failed)  # epochs, deletions owed
         self.put_extras: PutExtras | None = None  # retention deadline and tags of a store job
+        self.date_fetched: Callable[[Node, list[bytes]], None] | None = None  # (retention)
 
     @property
     def storage(self) -> Storage:

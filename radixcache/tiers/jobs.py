@@ -28,6 +28,7 @@ radixcache/tiers/load_jobs.py (load, private load, fetch: pages coming up).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 from radixcache.tiers.host_index import HostIndex
@@ -51,6 +52,7 @@ class JobRuntime(Protocol):
     page_size: int
     jobs: dict[TierJob, None]  # live jobs, in submission order
     put_extras: PutExtras | None  # a store's retention deadline and tags (None: none)
+    date_fetched: Callable[[Node, list[bytes]], None] | None  # retention: date pages read back
 
     def free_device(self, pages: PageIds) -> None: ...
 

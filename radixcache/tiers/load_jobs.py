@@ -171,6 +171,7 @@ class FetchJob(TierJob):
         self.before = req.locked_node  # the request's lock before this fetch
         self.start_page = req.num_pages  # index in the request's table of the first page
         self.epoch = epoch  # the namespace's forget count at submission
+        self.keys = keys  # (retention: the records' deadlines date the pages that land)
         self._submitted(
             rt.controller.fetch(
                 keys, self.tokens[start:].reshape(n, p), host_pages, self.namespace.digest(), self,
@@ -246,4 +247,6 @@ class FetchJob(TierJob):
         if leaf is None:
             return None
         rt.index.attach_stored(leaf, np.array(host_pages, dtype=np.int32))
+        if rt.date_fetched is not None:
+            rt.date_fetched(leaf, self.keys[: int(host_pages.size)])
         return leaf
