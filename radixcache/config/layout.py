@@ -59,6 +59,9 @@ BACKENDS: dict[type, str] = {StorageConfig: "an LMDB store", ValkeyConfig: "a Va
 # (``mooncake://HOST:PORT?segment_mib=...``): ``url`` is its only key here.
 URL_ONLY: dict[type, str] = {MooncakeConfig: "a Mooncake Store pool (its options go in the url)"}
 TIER_TABLES = ("host", "tiers", "storage")
+# Backend fields a file does not set: per-tenant byte quotas come from [quotas]
+# (storage_bytes, pool_bytes), a clock only from code.
+NOT_IN_FILE = ("tenant_quotas", "tenant_quota_default", "clock")
 Sections = dict[str, dict[str, Any]]  # table -> the keys it sets, decoded by type
 
 
@@ -66,7 +69,7 @@ def _storage_schema() -> type[msgspec.Struct]:
     """``[storage]``: ``url`` and the fields of every backend, each optional."""
     fields: dict[str, Any] = {"url": str | msgspec.UnsetType}
     for backend in BACKENDS:
-        for f in msgspec.structs.fields(schema(backend, partial=True)):
+        for f in msgspec.structs.fields(schema(backend, NOT_IN_FILE, partial=True)):
             assert fields.get(f.name, f.type) == f.type, f"{f.name}: two types"
             fields[f.name] = f.type
     return msgspec.defstruct("StorageFields", [(n, t, UNSET) for n, t in fields.items()],
@@ -124,7 +127,7 @@ def _quota_tables(table: Mapping[str, Any], source: str, strict: bool) -> dict[s
 
 def _only(table: msgspec.Struct, backend: type) -> msgspec.Struct:
     """The part of a ``[storage]`` Struct that is ``backend``'s fields."""
-    kind = schema(backend, partial=True)
+    kind = schema(backend, NOT_IN_FILE, partial=True)
     return kind(**{f: getattr(table, f) for f in kind.__struct_fields__})
 
 
