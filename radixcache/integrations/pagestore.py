@@ -176,7 +176,7 @@ class PageStore:
         self._quotas = StoreQuotas(quotas, config.backend, clock)
         byte_quotas, byte_default = self._quotas.byte_quotas()
         if storage is not None:
-            if byte_quotas or byte_default is not None:
+            if byte_quotas or byte_default is not None:  # LMDB's (ENFORCED refuses others)
                 if not isinstance(storage, ByteQuotaStore):
                     raise ValueError(f"the store given ({type(storage).__name__}) takes no "
                                      f"per-tenant byte quotas; the quotas set storage_bytes or "
@@ -290,7 +290,8 @@ class PageStore:
         with self._lock:
             if not self._quotas.set(namespace.salt, quota):
                 return
-            if isinstance(self._storage, ByteQuotaStore):
+            # bytes change only on LMDB (ENFORCED); a pool's set_tenant_quotas takes other values
+            if self.config.backend == "lmdb" and isinstance(self._storage, ByteQuotaStore):
                 self._storage.set_tenant_quotas(*self._quotas.byte_quotas())
             else:
                 log.warning("the %s store keeps the byte quotas it opened with; the new "

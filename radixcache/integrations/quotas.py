@@ -63,14 +63,18 @@ RAW_ID_MASK: Final = (1 << 63) - 1
 
 @runtime_checkable
 class ByteQuotaStore(Protocol):
-    """A store whose per-tenant byte quotas change at run time."""
+    """An LMDB store whose per-tenant byte quotas (limit, floor) change at
+    run time. (A pool store's ``set_tenant_quotas`` takes limits alone, see
+    ``pool_byte_limits``; the method's name is the same, so callers pick by
+    backend, not by this check alone.)"""
 
     def set_tenant_quotas(
         self, quotas: Mapping[TenantKey, ByteQuota], default: ByteQuota | None = None
-    ) -> None:
+    ) -> object:
         """Replace the byte quotas (limit, floor) of the tenants listed and,
         unless ``default`` is None, of every tenant not listed. A tenant now
-        over its limit is brought under it by evicting its own records."""
+        over its limit is brought under it by evicting its own records
+        (announced through ``take_removed``)."""
         ...
 
 
@@ -102,10 +106,13 @@ def pool_byte_limits(book: QuotaBook) -> tuple[dict[TenantKey, int], int | None]
     ``put`` names tenants (``Namespace.tenant``), and the limit of tenants
     not listed (None: none).
 
-    Where a shared pool store (Valkey) takes per-tenant value-byte limits,
-    at open and through ``ByteQuotaStore``-style run-time changes, this is
-    its input. NOT WIRED: no pool store enforces per-tenant bytes yet, and
-    ``ENFORCED["valkey"]`` refuses ``pool_bytes`` until one does.
+    This is what a shared pool store (Valkey) takes as per-tenant value-byte
+    limits: at open (``tenant_quotas``, ``tenant_quota_default`` of its
+    config) and at run time (``set_tenant_quotas(limits, default)``, limits
+    alone: a pool has no floors). NOT WIRED: the pool store on this branch
+    enforces no per-tenant bytes, so ``ENFORCED["valkey"]`` refuses
+    ``pool_bytes``; once it does, ``PageStore`` hands it this at open and on
+    ``set_quota``, and ``pool_bytes`` joins ``ENFORCED["valkey"]``.
     """
     limits = {t: q.pool_bytes for t, q in book.items() if q.pool_bytes is not None}
     return limits, book.default.pool_bytes

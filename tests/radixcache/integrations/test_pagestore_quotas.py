@@ -4,6 +4,7 @@ refuses (integrations/quotas.py). Without any engine."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ def test_pool_byte_limits_are_built_per_tenant_for_a_pool_store() -> None:
 def test_the_deadline_reaches_the_lmdb_store_and_the_pages_read_back(tmp_path: Path) -> None:
     """The real LMDB store: its ``put`` (wrapped, to see what it is given)
     gets each tenant's deadline; the records read back bit-exact."""
-    clock = Clock(1.0e9)
+    clock = Clock(time.time())  # a store that keeps deadlines writes none already past
     store = PageStore(config(tmp_path), quotas=parse_quotas({"acme": {"ttl_s": 30}}), clock=clock)
     lmdb = store._storage
     assert isinstance(lmdb, LmdbStorage)
@@ -182,10 +183,70 @@ def test_the_deadline_reaches_the_lmdb_store_and_the_pages_read_back(tmp_path: P
         assert put.wait(10) and put.results() == [True, True]
         assert store.put([b"c"], RawPages(src, PAGE_BYTES), [0]).wait(10)
         assert [(m.expires_at if m else None, t) for m, t in seen] == [
-            (1.0e9 + 30, ACME.tenant), (None, None)]
+            (clock.now + 30, ACME.tenant), (None, None)]
         dst = np.zeros_like(src)
         got = store.get([b"a", b"b"], RawPages(dst, PAGE_BYTES), [0, 1], ACME)
         assert got.wait(10) and got.results() == [True, True] and np.array_equal(dst, src)
         assert store.leading([b"a"], OTHER) == 0  # another tenant never finds them
+    finally:
+        store.close()
+
+
+# -- what the LMDB store does with them (its retention, tags and run-time quotas) --
+needs_lmdb_retention = pytest.mark.skipif(
+    not hasattr(LmdbStorage, "set_tenant_quotas") or not hasattr(LmdbStorage, "invalidate_tag"),
+    reason="this LmdbStorage keeps no deadlines or tags and takes no run-time quotas")
+
+
+@needs_lmdb_retention
+def test_lmdb_serves_no_page_past_the_deadline_its_put_carried(tmp_path: Path) -> None:
+    """Deadlines from PageStore's clock, compared by the store with the
+    wall clock: one already past (never served) and one a day away."""
+    clock = Clock(time.time() - 100)
+    store = PageStore(config(tmp_path), quotas=parse_quotas({"acme": {"ttl_s": 10}}), clock=clock)
+    src = pages(2, seed=4)
+    try:
+        store.put([b"old"], RawPages(src, PAGE_BYTES), [0], ACME).wait(10)
+        clock.now = time.time() + 86400
+        store.put([b"new"], RawPages(src, PAGE_BYTES), [1], ACME).wait(10)
+        dst = np.zeros_like(src)
+        old = store.get([b"old"], RawPages(dst, PAGE_BYTES), [0], ACME)
+        new = store.get([b"new"], RawPages(dst, PAGE_BYTES), [1], ACME)
+        assert old.wait(10) and new.wait(10)
+        assert (old.results(), new.results()) == ([False], [True])
+        assert np.array_equal(dst[1], src[1])
+    finally:
+        store.close()
+
+
+@needs_lmdb_retention
+def test_lmdb_takes_a_lowered_byte_limit_at_run_time(tmp_path: Path) -> None:
+    store = PageStore(config(tmp_path))
+    src = pages(4, seed=5)
+    try:
+        for i in range(4):
+            assert store.put([b"n%d" % i], RawPages(src, PAGE_BYTES), [i], ACME).wait(10)
+        assert store.put([b"o"], RawPages(src, PAGE_BYTES), [0], OTHER).wait(10)
+        store.take_removed()
+        store.set_quota("acme", TenantQuota(storage_bytes=2 * (PAGE_BYTES + 256)))
+        assert store.put([b"o2"], RawPages(src, PAGE_BYTES), [1], OTHER).wait(10)  # after it
+        assert store.take_removed() == [b"n0", b"n1"]  # the tenant's oldest, no one else's
+        assert [store.contains(b"n%d" % i, ACME) for i in range(4)] == [False, False, True, True]
+        assert store.leading([b"o", b"o2"], OTHER) == 2
+    finally:
+        store.close()
+
+
+@needs_lmdb_retention
+def test_lmdb_invalidates_the_pages_of_a_tag(tmp_path: Path) -> None:
+    store = PageStore(config(tmp_path))
+    tagged = Namespace(salt="acme", tags=("model:v3",))
+    src = pages(2, seed=6)
+    try:
+        store.put([b"t0", b"t1"], RawPages(src, PAGE_BYTES), [0, 1], tagged).wait(10)
+        store.put([b"u"], RawPages(src, PAGE_BYTES), [0], OTHER).wait(10)
+        ticket = store.invalidate_tag("model:v3")
+        assert ticket.wait(10) and ticket.result() == 2
+        assert store.leading([b"t0", b"t1"], tagged) == 0 and store.contains(b"u", OTHER)
     finally:
         store.close()
