@@ -75,8 +75,8 @@ from radixcache.offload import (
 from radixcache.offload.storage.contract import Clock
 from radixcache.offload.valkey import SCHEMES as POOL_SCHEMES
 from radixcache.offload.valkey import redact_url
-from radixcache.transfer.layout import KVSpec
 from radixcache.tenants.quota import QuotaBook, TenantQuota
+from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import Ticket
 
 __all__ = ["PageStore", "PageStoreConfig", "PageTicket", "RawPages", "Slots", "describe_path",

@@ -94,11 +94,16 @@ def store_quotas(value: object, backend: str, where: str = "quotas") -> QuotaBoo
     ``parse_quotas``), every tenant's quota checked against what a page store
     of ``backend`` enforces. ValueError naming the tenant and the key."""
     book = parse_quotas(value, where)
+    _check_book(book, backend, where)
+    return book
+
+
+def _check_book(book: QuotaBook, backend: str, where: str) -> None:
+    """``check_store_quota`` of every quota of ``book``, named as in its JSON form."""
     check_store_quota(book.default, backend, f"{where}['*']")
     for salt, quota in book.items_by_salt():
         name = "(none)" if salt is None else salt
         check_store_quota(quota, backend, f"{where}[{name!r}]")
-    return book
 
 
 def pool_byte_limits(book: QuotaBook) -> tuple[dict[TenantKey, int], int | None]:
@@ -135,9 +140,7 @@ class StoreQuotas:
         self.book = QuotaBook() if book is None else QuotaBook(dict(book.items_by_salt()),
                                                                book.default)
         self.clock = clock  # wall-clock seconds, as stores compare deadlines
-        check_store_quota(self.book.default, backend, "quotas['*']")
-        for salt, quota in self.book.items_by_salt():
-            check_store_quota(quota, backend, f"quotas[{salt!r}]")
+        _check_book(self.book, backend, "quotas")
 
     def byte_quotas(self) -> tuple[dict[TenantKey, ByteQuota], ByteQuota | None]:
         """The LMDB byte quotas (limit, floor) per tenant, and of tenants not
