@@ -2,6 +2,10 @@
 
 * ``radixcache.integrations.pagestore``: raw pages under an engine's own keys
   (no engine imports).
+* ``radixcache.integrations.raw_pages``: the page buffers and tickets of a
+  ``PageStore`` (no engine imports).
+* ``radixcache.integrations.quotas``: per-tenant quotas and retention of a
+  page store, from the adapters' ``quotas`` setting (no engine imports).
 * ``radixcache.integrations.tenants``: a request's ``cache_salt`` as a
   radixcache ``Namespace``, and the stored form of a tenant's keys (both
   adapters use it; no engine imports).

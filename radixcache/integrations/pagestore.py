@@ -23,7 +23,16 @@ Tenants: every call takes the ``Namespace`` of the tenant whose pages it
 moves (``radixcache.integrations.tenants``; the default namespace when left
 out). A key is stored bound to its tenant, so a lookup or a read under
 another tenant never finds it, and records carry the tenant's namespace tag
-(``forget`` removes one tenant's pages).
+(``forget`` removes one tenant's pages). Every put and get names the
+tenant (``Namespace.tenant``) to the store: an LMDB store counts its bytes
+against the tenant's byte quota, and a store that encrypts at rest seals the
+pages with the tenant's key.
+
+Quotas (``radixcache.integrations.quotas``): a ``QuotaBook`` given at open
+sets the tenants' LMDB byte quotas (limit and floor) and their retention:
+each put of a tenant whose quota has a ``ttl_s`` records its pages with the
+deadline ``clock() + ttl_s`` (``PutMeta.expires_at``); ``set_quota`` changes
+them at run time.
 
 Threads: every method may be called from any thread. Submissions to the
 backend are serialized by one lock (the backend's contract is one caller at a
@@ -32,20 +41,27 @@ time); waiting on a ticket happens outside it.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
+import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from radixcache.integrations.tenants import TENANT_KEY_OVERHEAD, engine_key, stored_key
-from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
+from radixcache.integrations.quotas import ByteQuotaStore, StoreQuotas
+from radixcache.integrations.raw_pages import PageTicket, RawPages, Slots
+from radixcache.integrations.tenants import (
+    TENANT_KEY_OVERHEAD,
+    engine_key,
+    stored_key,
+    tenant_namespace,
+)
+from radixcache.namespace import DEFAULT_NAMESPACE, Namespace, check_tag
 from radixcache.offload import (
     MAX_KEY_BYTES,
     LmdbStorage,
@@ -56,106 +72,24 @@ from radixcache.offload import (
     open_backend,
     storage_config,
 )
+from radixcache.offload.storage.contract import Clock
 from radixcache.offload.valkey import SCHEMES as POOL_SCHEMES
 from radixcache.offload.valkey import redact_url
+from radixcache.tenants.quota import QuotaBook, TenantQuota
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import Ticket
+
+__all__ = ["PageStore", "PageStoreConfig", "PageTicket", "RawPages", "Slots", "describe_path",
+           "is_pool_url", "raw_spec"]
+log = logging.getLogger(__name__)
 
 BACKENDS = ("lmdb", "valkey")  # storage backends a PageStore can open
 MAX_ENGINE_KEY_BYTES = MAX_KEY_BYTES - TENANT_KEY_OVERHEAD  # longest engine key a store takes
 # Version of the stored-key format (tenants.py), bound into the fingerprint:
 # records written before keys carried their tenant are never read as hits.
-KEY_FORMAT = "tenant-keys-1"
-
-Slots = Sequence[int] | npt.NDArray[np.integer[Any]]  # chunk index per key
-
-
-class RawPages:
-    """A caller-owned buffer of ``num_pages`` chunks of ``page_bytes`` bytes each,
-    seen as ``uint8[num_pages, page_bytes]`` without copying (a ``PageBuffer``).
-
-    The caller owns the memory and keeps it alive while any ticket that names
-    its chunks is running.
-    """
-
-    __slots__ = ("_pages", "num_pages")
-
-    def __init__(self, buffer: Any, page_bytes: int) -> None:
-        """``buffer``: anything with the buffer protocol (memoryview, bytearray,
-        numpy array) or a CPU ``torch.Tensor``; C-contiguous, a whole number of
-        pages long."""
-        if not isinstance(page_bytes, int) or isinstance(page_bytes, bool) or page_bytes <= 0:
-            raise ValueError(f"page_bytes must be a positive int, got {page_bytes!r}")
-        if isinstance(buffer, torch.Tensor):
-            if buffer.device.type != "cpu":
-                raise ValueError(f"the page buffer must be in host memory, got {buffer.device}")
-            buffer = buffer.detach().numpy()
-        array = np.asarray(buffer)
-        if not array.flags.c_contiguous:
-            raise ValueError("the page buffer must be C-contiguous (one chunk after another)")
-        flat = array.reshape(-1).view(np.uint8)
-        if flat.size == 0 or flat.size % page_bytes:
-            raise ValueError(
-                f"the page buffer holds {flat.size} B: not a positive multiple of "
-                f"page_bytes={page_bytes}"
-            )
-        self._pages = flat.reshape(-1, page_bytes)
-        self.num_pages = int(self._pages.shape[0])
-
-    @classmethod
-    def from_pointer(cls, address: int, nbytes: int, page_bytes: int) -> RawPages:
-        """Wrap ``nbytes`` of host memory at ``address`` (the caller keeps it alive)."""
-        if not isinstance(address, int) or address <= 0:
-            raise ValueError(f"address must be a positive int, got {address!r}")
-        if not isinstance(nbytes, int) or nbytes <= 0:
-            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
-        memory = (ctypes.c_uint8 * nbytes).from_address(address)
-        return cls(np.frombuffer(memoryview(memory).cast("B"), dtype=np.uint8), page_bytes)
-
-    @property
-    def page_bytes(self) -> int:
-        return int(self._pages.shape[1])
-
-    def as_bytes(self) -> npt.NDArray[np.uint8]:
-        return self._pages
-
-
-class PageTicket:
-    """The handle of one put or get: per-key success once done.
-
-    The backend serves the LEADING keys of a call: keys ``[:n]`` succeeded and
-    the rest did not (a miss, a failed check, no room, or an error).
-    """
-
-    __slots__ = ("_n", "_ticket")
-
-    def __init__(self, ticket: Ticket, num_keys: int) -> None:
-        self._ticket = ticket  # the backend's ticket; result: leading keys served
-        self._n = num_keys
-
-    def done(self) -> bool:
-        return self._ticket.done()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._ticket.wait(timeout)
-
-    @property
-    def error(self) -> BaseException | None:
-        """The storage error the call failed with (every key then failed), or None."""
-        return self._ticket.error
-
-    def count(self) -> int:
-        """How many leading keys succeeded (0 on an error). Call once done."""
-        if not self._ticket.done():
-            raise RuntimeError("ticket is not done yet; call wait() first")
-        if self._ticket.error is not None:
-            return 0
-        return int(self._ticket.result())
-
-    def results(self) -> list[bool]:
-        """One bool per key, in call order. Call once done."""
-        n = self.count()
-        return [True] * n + [False] * (self._n - n)
+# 2: puts name their tenant (quotas, the tenant's key at rest), so a record
+# of a tenant written by format 1 (under no tenant) is never counted or read.
+KEY_FORMAT = "tenant-keys-2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,16 +155,33 @@ class PageStore:
     """Raw pages under engine keys, in one storage backend (see the module docstring)."""
 
     def __init__(
-        self, config: PageStoreConfig, namespace: bytes = b"", storage: Storage | None = None
+        self, config: PageStoreConfig, namespace: bytes = b"", storage: Storage | None = None,
+        quotas: QuotaBook | None = None, clock: Clock = time.time,
     ) -> None:
         """Opens the LMDB store ``config`` names, or takes over ``storage``: a
         backend already opened with ``raw_spec(config.page_bytes)`` and
-        ``config.fingerprint()`` (e.g. a shared pool), which ``close`` closes."""
+        ``config.fingerprint()`` (e.g. a shared pool), which ``close`` closes.
+
+        ``quotas``: the tenants' quotas (copied; ValueError for a field this
+        backend does not enforce, see integrations/quotas.py); their byte
+        quotas go to an LMDB store at open, or to a ``storage`` given that
+        takes them (``ByteQuotaStore``; another refuses them: ValueError).
+        ``clock``: wall-clock seconds (``time.time``) for retention deadlines.
+        """
         self.config = config
         self.page_bytes = config.page_bytes
         self._namespace = b"raw:" + config.engine.encode() + b":" + namespace
         self._lock = threading.Lock()  # one submitter at a time (the backend's contract)
+        assert config.backend is not None  # set by PageStoreConfig
+        self._quotas = StoreQuotas(quotas, config.backend, clock)
+        byte_quotas, byte_default = self._quotas.byte_quotas()
         if storage is not None:
+            if byte_quotas or byte_default is not None:  # LMDB's (ENFORCED refuses others)
+                if not isinstance(storage, ByteQuotaStore):
+                    raise ValueError(f"the store given ({type(storage).__name__}) takes no "
+                                     f"per-tenant byte quotas; the quotas set storage_bytes or "
+                                     f"storage_floor")
+                storage.set_tenant_quotas(byte_quotas, byte_default)
             self._storage: Storage = storage
             return
         if config.backend == "valkey":
@@ -247,6 +198,8 @@ class PageStore:
                 num_readers=config.num_readers,
                 key_file=config.key_file,
                 key_env=config.key_env,
+                tenant_quotas=byte_quotas,
+                tenant_quota_default=(None, 0) if byte_default is None else byte_default,
             ),
             raw_spec(config.page_bytes),
             config.fingerprint(),
@@ -276,7 +229,9 @@ class PageStore:
         """
         checked, ids = _keys(keys, namespace), self._slots(slots, len(keys), pages)
         with self._lock:
-            ticket = self._storage.put(checked, None, pages, ids, self._tag(namespace))
+            meta = self._quotas.put_meta(checked, namespace)
+            ticket = self._storage.put(checked, None, pages, ids, self._tag(namespace), meta,
+                                       namespace.tenant)
         return PageTicket(ticket, len(checked))
 
     def get(
@@ -294,7 +249,8 @@ class PageStore:
             raise ValueError("get() needs a writable page buffer; this one is read-only")
         checked, ids = _keys(keys, namespace), self._slots(slots, len(keys), pages)
         with self._lock:
-            ticket = self._storage.get(checked, None, pages, ids, self._tag(namespace))
+            ticket = self._storage.get(checked, None, pages, ids, self._tag(namespace),
+                                       namespace.tenant)
         return PageTicket(ticket, len(checked))
 
     def delete(self, keys: Sequence[bytes], namespace: Namespace = DEFAULT_NAMESPACE) -> Ticket:
@@ -308,10 +264,39 @@ class PageStore:
         with self._lock:
             return self._storage.forget_namespace(self._tag(namespace))
 
+    def invalidate_tag(self, tag: str) -> Ticket:
+        """Remove every page put under a namespace tagged ``tag``
+        (``Namespace.tags``, recorded with each put); result: how many."""
+        check_tag(tag)
+        with self._lock:
+            return self._storage.invalidate_tag(tag)
+
     def clear(self) -> Ticket:
         """Remove every page this store's engine holds, of every tenant."""
         with self._lock:
             return self._storage.delete([meta.key for meta in self._storage.scan() if meta.raw])
+
+    # -- quotas ---------------------------------------------------------------------
+    def set_quota(self, salt: str | None, quota: TenantQuota | None) -> None:
+        """Change the quota of the tenant named by ``salt`` (a ``cache_salt``;
+        None or "": no salt) at run time; None: back to the default.
+
+        A new ``ttl_s`` holds for later puts (pages stored before keep their
+        deadline). New byte quotas reach a store that takes them at run time
+        (``ByteQuotaStore``); others keep those they opened with (logged).
+        ValueError / TypeError for a quota this backend does not enforce.
+        """
+        namespace = tenant_namespace(salt)
+        with self._lock:
+            if not self._quotas.set(namespace.salt, quota):
+                return
+            # bytes change only on LMDB (ENFORCED); a pool's set_tenant_quotas takes other values
+            if self.config.backend == "lmdb" and isinstance(self._storage, ByteQuotaStore):
+                self._storage.set_tenant_quotas(*self._quotas.byte_quotas())
+            else:
+                log.warning("the %s store keeps the byte quotas it opened with; the new "
+                            "storage_bytes / storage_floor of tenant %r hold from its next open",
+                            self.config.backend, salt)
 
     # -- what changed, what is there ----------------------------------------------
     def take_removed(self) -> list[bytes]:

@@ -39,6 +39,9 @@ Tenants: a call's tenant is ``extra_info.extra_info["cache_salt"]``
 under that tenant's namespace only. SGLang 0.5.23 folds a request's salt into
 its page hashes but hands backends no salt (its controller passes only
 ``prefix_keys``), so pages it writes by itself land in the default namespace.
+The extra config's ``quotas`` (tenant -> ``ttl_s``, ``storage_bytes``,
+``storage_floor``; ``radixcache.integrations.quotas``) bound what each tenant
+keeps in the store and for how long.
 
 This module imports SGLang; ``import radixcache`` never imports it.
 """
@@ -72,6 +75,7 @@ from radixcache.integrations.pagestore import (
 )
 from radixcache.config import ConfigError, decode
 from radixcache.integrations.config_files import store_options
+from radixcache.integrations.quotas import config_quotas
 from radixcache.integrations.tenants import salt_of, tenant_namespace
 from radixcache.namespace import Namespace
 
@@ -92,6 +96,7 @@ class BackendOptions:
     capacity_bytes: int = 64 << 30  # bound on stored bytes (least recently used evicted)
     durability: str = "safe"  # "safe" or "fast" (see PageStoreConfig)
     rank_subdir: bool = True  # LMDB: one folder per tensor-parallel rank
+    quotas: dict[str, Any] | None = None  # tenant -> TenantQuota fields (integrations/quotas.py)
 
     def __post_init__(self) -> None:
         for name in ("path", "kv_dtype"):
@@ -125,7 +130,11 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
                                   f"`{type(config_file).__name__}` - at `$.config_file`")
             keys = frozenset(f.name for f in dataclasses.fields(BackendOptions))
             extra = {**store_options(config_file, keys), **extra}
-        options = decode(BackendOptions, extra, "--hicache-storage-backend-extra-config")
+        source = "--hicache-storage-backend-extra-config"
+        options = decode(BackendOptions, extra, source)
+        # checked here, at startup; the store opens later (register_mem_pool_host)
+        self.quotas = config_quotas(options.quotas,
+                                    "valkey" if is_pool_url(options.path) else "lmdb", source)
         self.config = storage_config
         self.options = options
         self.kv_dtype = options.kv_dtype
@@ -176,7 +185,8 @@ class RadixcacheHiCacheStorage(HiCacheStorage):
                     tp_rank=cfg.tp_rank,
                     capacity_bytes=self.capacity_bytes,
                     durability=self.durability,
-                )
+                ),
+                quotas=self.quotas,
             )
         log.info(
             "radixcache HiCache storage at %s: pages of %d B", describe_path(self.path), page_bytes

@@ -17,7 +17,9 @@ KV cache events too, as for vLLM's own ``fs`` and ``obj`` tiers).
 
 Tenants: a request's tenant is ``kv_transfer_params["cache_salt"]``
 (``radixcache.integrations.tenants``): its pages are stored, looked up and
-loaded under that tenant's namespace only.
+loaded under that tenant's namespace only. The entry's ``quotas`` (tenant ->
+``ttl_s``, ``storage_bytes``, ``storage_floor``; ``radixcache.integrations.quotas``)
+bound what each tenant keeps in the store and for how long.
 
 vLLM builds the tier in its scheduler process with a memoryview of the CPU
 primary tier, ``num_chunks`` rows of one chunk each; chunk ``c`` is row ``c``.
@@ -68,9 +70,11 @@ from radixcache.integrations.pagestore import (
     PageTicket,
     RawPages,
     describe_path,
+    is_pool_url,
 )
 from radixcache.config import ConfigError, decode
 from radixcache.integrations.config_files import store_options
+from radixcache.integrations.quotas import config_quotas
 from radixcache.integrations.tenants import salt_of, tenant_namespace
 from radixcache.namespace import Namespace
 
@@ -95,6 +99,7 @@ class TierOptions:
     model: str | None = None
     enable_kv_events: bool = False
     locality: str | None = None
+    quotas: dict[str, Any] | None = None  # tenant -> TenantQuota fields (integrations/quotas.py)
 
 
 @dataclass(slots=True)
@@ -170,6 +175,7 @@ class RadixcacheTier(SecondaryTierManager):
         model: str | None = None,
         enable_kv_events: bool | None = None,
         locality: str | None = None,
+        quotas: dict[str, Any] | None = None,
         config_file: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
     ) -> None:
@@ -183,13 +189,16 @@ class RadixcacheTier(SecondaryTierManager):
         (only while the engine publishes KV cache events, as vLLM's own
         tiers); ``locality``: ``"LOCAL"`` or ``"REMOTE"``, carried by the
         events (vLLM's ``Locality``); ``backpressure_detector``: built by
-        vLLM's factory from the entry's ``backpressure``."""
+        vLLM's factory from the entry's ``backpressure``; ``quotas``: per-tenant
+        retention (``ttl_s``) and LMDB byte quotas (``storage_bytes``,
+        ``storage_floor``), the JSON form of ``parse_quotas`` keyed by
+        ``cache_salt`` (integrations/quotas.py)."""
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         source = f"secondary tier {tier_type!r}"
         given = {k: v for k, v in {
             "path": path, "capacity_bytes": capacity_bytes, "durability": durability,
             "num_readers": num_readers, "model": model, "enable_kv_events": enable_kv_events,
-            "locality": locality}.items() if v is not None}  # None: left out of the entry
+            "locality": locality, "quotas": quotas}.items() if v is not None}  # None: left out of the entry
         if config_file is not None:  # the store from a radixcache config file; entry keys win
             if not isinstance(config_file, str):
                 raise ConfigError(f"{source}: Expected `str`, got "
@@ -197,6 +206,8 @@ class RadixcacheTier(SecondaryTierManager):
             keys = frozenset(f.name for f in dataclasses.fields(TierOptions))
             given = {**store_options(config_file, keys), **given}
         options = decode(TierOptions, given, source)  # the JSON's types, strictly
+        book = config_quotas(options.quotas, "valkey" if is_pool_url(options.path) else "lmdb",
+                             source)
         self.locality = _locality(options.locality)
         chunk_bytes = self.block_size_bytes
         # a view of vLLM's primary region; dropped at shutdown, so that vLLM can
@@ -214,7 +225,8 @@ class RadixcacheTier(SecondaryTierManager):
                 capacity_bytes=options.capacity_bytes,
                 durability=options.durability,
                 num_readers=options.num_readers,
-            )
+            ),
+            quotas=book,
         )
         self._jobs: dict[JobId, _Job] = {}
         # as vLLM's own tiers: events only when asked for and the engine publishes

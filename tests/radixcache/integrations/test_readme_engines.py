@@ -59,6 +59,36 @@ def test_readme_hicache_extra_config_builds_the_backend(tmp_path: Path) -> None:
     store.close()
 
 
+def test_readme_quota_examples_build_both_adapters(tmp_path: Path) -> None:
+    """The README's vLLM tier entry and SGLang extra config with ``quotas``,
+    through each engine's own factory: every tenant's quota as written."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("sglang")
+    from tests.radixcache.integrations.sglang_kit import mha_pools, storage_config
+    from tests.radixcache.integrations.vllm_kit import offloading_config, stack
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    from radixcache.integrations.tenants import tenant_namespace
+
+    line = re.search(r'^    (\{"type": "RadixcacheTier".*"quotas".*\})$', README, re.MULTILINE)
+    assert line is not None, "no vLLM tier entry with quotas in the README"
+    entry = {**json.loads(line.group(1)), "path": str(tmp_path / "vllm"), "capacity_bytes": 1 << 22}
+    with stack(offloading_config([entry])) as s:
+        book = s.tier.store._quotas.book
+        noisy = book.get(tenant_namespace("noisy").tenant)
+        assert (noisy.storage_bytes, noisy.ttl_s, book.default.ttl_s) == (10 << 30, 3600, 86400)
+        assert book.get(tenant_namespace("quiet").tenant).storage_floor == 20 << 30
+    flag = "--hicache-storage-backend-extra-config"
+    configs = [json.loads(m) for m in re.findall(re.escape(flag) + r" '(\{.*?\})'", README)]
+    (extra,) = [c for c in configs if "quotas" in c]
+    host = mha_pools("page_first")[1]
+    cfg = storage_config(tmp_path, host)
+    cfg.extra_config = {**extra, "path": str(tmp_path / "sglang"), "capacity_bytes": 1 << 22}
+    store = StorageBackendFactory.create_backend("dynamic", cfg, None)
+    assert store.quotas.get(None).ttl_s == 86400
+    assert store.quotas.get(tenant_namespace("noisy").tenant).storage_bytes == 10 << 30
+
+
 def test_engine_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     pytest.importorskip("sglang")
