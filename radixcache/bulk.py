@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 
 from radixcache.errors import RequestStateError
+from radixcache.events.types import DISK
 from radixcache.namespace import Namespace, check_tag
 from radixcache.request import Request
 from radixcache.tenants.ledger import TenantLedger
@@ -58,6 +59,29 @@ class CacheBulk:
             tiers.put_extras = self.put_extras  # type: ignore[attr-defined]
             if retention is not None:
                 tiers.date_fetched = self.date_fetched  # type: ignore[attr-defined]
+
+    def sync_storage_quotas(self) -> None:
+        """Hand the quota book's byte quotas to the storage tier again (after a
+        run-time change): an LMDB store takes ``storage_bytes`` /
+        ``storage_floor`` over its own configured ones, a pool ``pool_bytes``.
+        A store that cannot change them at run time keeps those it opened with."""
+        book = None if self.ledger is None else self.ledger.book
+        storage = getattr(self.tiers, "storage", None)
+        setter = getattr(storage, "set_tenant_quotas", None)
+        if book is None or setter is None:
+            return
+        from radixcache.cache_config import pool_quotas, storage_quotas  # (it imports this module)
+
+        try:
+            if storage.medium == DISK:  # type: ignore[union-attr]
+                quotas, default = storage_quotas(book)
+                own = storage.config  # type: ignore[union-attr]
+                setter({**own.tenant_quotas, **quotas}, default or own.tenant_quota_default)
+            else:
+                limits, pool_default = pool_quotas(book)
+                setter(limits, pool_default)
+        except Exception:  # never raised into the runner: the store keeps its quotas
+            log.exception("the storage tier refused the new byte quotas; it keeps its own")
 
     def date_fetched(self, node: Node, keys: list[bytes]) -> None:
         """Pages read back from storage are dated by their records' deadlines."""

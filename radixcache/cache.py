@@ -91,10 +91,10 @@ class RadixCache(BulkCalls):
         self._gate.before_drop = self.tiers.before_device_drop
         self._gate.host = built.host_quota  # host limits, enforced by set_quota too
         self._capacity.bind(self.tree, self.tiers, self._gate)
-        self.tenants = Tenants(self._gate, self._check_open)  # quotas and per-tenant stats
         self._tags = TagBook()  # namespaces by tag, for invalidate()
         self._bulk = CacheBulk(self.tree, self.pool, self.tiers, self._live, self._forgets,
                                self._tags, built.retention, ledger)
+        self.tenants = Tenants(self._gate, self._check_open, self._bulk.sync_storage_quotas)
         self._retention = self._gate.retention = built.retention
         self._recorder = built.recorder
         self._refusal: str | None = None  # why every call is refused (closed, forked); None: open

@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from radixcache.offload.storage.checks import positive_float, positive_int
@@ -138,7 +137,7 @@ class ValkeyConfig:
             raise ValueError("several nodes name a cluster: add ?cluster=true (cluster=True)")
         KeySource(self.key_file, self.key_env)  # validates them
         limits, default = check_tenant_limits(self.tenant_quotas, self.tenant_quota_default)
-        object.__setattr__(self, "tenant_quotas", limits)  # a read-only private copy
+        object.__setattr__(self, "tenant_quotas", limits)  # a private, checked copy (a dict: configs are pickled into spawned engines)
         if not callable(self.clock):
             raise TypeError(f"clock must be a callable returning seconds, got {self.clock!r}")
 
@@ -212,7 +211,7 @@ class ValkeyConfig:
 def check_tenant_limits(
     quotas: object, default: object
 ) -> tuple[Mapping[bytes | None, int | None], int | None]:
-    """A read-only checked copy of per-tenant pool limits and the checked
+    """A checked copy of per-tenant pool limits and the checked
     default; TypeError / ValueError name what is wrong (a tenant is shown by
     its length only: a salt may be a secret)."""
     if not isinstance(quotas, Mapping):
@@ -225,7 +224,7 @@ def check_tenant_limits(
             raise TypeError(f"tenant_quotas: a tenant is bytes or None, got {type(tenant).__name__}")
         name = "None" if tenant is None else f"<{len(tenant)}-byte tenant>"
         checked[tenant] = _limit(limit, f"tenant_quotas[{name}]")
-    return MappingProxyType(checked), _limit(default, "tenant_quota_default")
+    return checked, _limit(default, "tenant_quota_default")
 
 
 def _limit(value: object, where: str) -> int | None:

@@ -13,9 +13,11 @@ class Tenants:
     """Per-tenant quotas and statistics of one cache (owner thread, like the
     cache; every call raises CacheClosedError after the cache's ``close()``)."""
 
-    def __init__(self, gate: TenantGate, check_open: Callable[[], None]) -> None:
+    def __init__(self, gate: TenantGate, check_open: Callable[[], None],
+                 changed: Callable[[], None] = lambda: None) -> None:
         self._gate = gate
         self._check_open = check_open
+        self._changed = changed  # the storage tier takes the byte quotas again
 
     @property
     def quotas_on(self) -> bool:
@@ -42,13 +44,16 @@ class Tenants:
         until it fits; pages live requests hold cannot go and count until
         released, and its next insert makes room again. A lowered host
         limit likewise evicts its own host copies (counted in
-        ``host_own_evicted_pages``). Returns the device pages evicted. TypeError / ValueError for a bad salt or quota
+        ``host_own_evicted_pages``); storage byte limits go to the store
+        (LMDB, a Valkey pool) for the writes that follow; a TTL holds at
+        once (pages past it go now). Returns the device pages evicted. TypeError / ValueError for a bad salt or quota
         (nothing changed), ValueError if the cache runs without quotas."""
         book = self._book()
         key = tenant_key(salt)  # validates the salt first
         if quota is not None and not isinstance(quota, TenantQuota):
             raise TypeError(f"quota must be a TenantQuota or None, got {type(quota).__name__}")
         book.set(salt, quota)
+        self._changed()
         return self._gate.enforce(key)
 
     def set_default(self, quota: TenantQuota) -> int:
@@ -59,6 +64,7 @@ class Tenants:
         if not isinstance(quota, TenantQuota):
             raise TypeError(f"quota must be a TenantQuota, got {type(quota).__name__}")
         book.default = quota
+        self._changed()
         own = {k for k, _ in book.items()}
         ledger = self._gate.ledger
         tenants = {*ledger.device, *ledger.host, *ledger.host_in_flight} - own

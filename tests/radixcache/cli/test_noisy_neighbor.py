@@ -89,7 +89,8 @@ def test_quotas_given_replace_the_defaults_and_are_what_runs(
 
 @pytest.mark.parametrize("value, message", [
     ('{"noisy": {"device_page": 3}}', "argument --quotas: quotas['noisy']: unknown key "
-     "'device_page' (known: device_floor, device_pages, host_floor, host_pages, storage_bytes, storage_floor)"),
+     "'device_page' (known: device_floor, device_pages, host_floor, host_pages, pool_bytes, "
+     "storage_bytes, storage_floor, ttl_s)"),
     ('{"noisy": {"device_pages": 3, "device_floor": 4}}',
      "argument --quotas: quotas['noisy']: TenantQuota: device_floor=4 is above device_pages=3"),
     ('{"noisy": {"device_pages": -1}}', "TenantQuota.device_pages must be a non-negative int"),
