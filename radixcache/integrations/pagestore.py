@@ -53,7 +53,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from radixcache.integrations.quotas import ByteQuotaStore, StoreQuotas
+from radixcache.integrations.quotas import ByteQuotaStore, StoreQuotas, pool_byte_limits
 from radixcache.integrations.raw_pages import PageTicket, RawPages, Slots
 from radixcache.integrations.tenants import (
     TENANT_KEY_OVERHEAD,
@@ -75,6 +75,7 @@ from radixcache.offload import (
 from radixcache.offload.storage.contract import Clock
 from radixcache.offload.valkey import SCHEMES as POOL_SCHEMES
 from radixcache.offload.valkey import redact_url
+from radixcache.offload.valkey.config import ValkeyConfig
 from radixcache.tenants.quota import QuotaBook, TenantQuota
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import Ticket
@@ -188,6 +189,10 @@ class PageStore:
             pool = storage_config(config.path)
             if pool is not None and (config.key_file is not None or config.key_env is not None):
                 pool = dataclasses.replace(pool, key_file=config.key_file, key_env=config.key_env)
+            limits, limit_default = pool_byte_limits(self._quotas.book)
+            if isinstance(pool, ValkeyConfig):  # the pool's clock and tenants' limits: ours
+                pool = dataclasses.replace(pool, clock=clock, tenant_quotas=limits,
+                                           tenant_quota_default=limit_default)
             self._storage = open_backend(pool, raw_spec(config.page_bytes), config.fingerprint()).storage
             return
         self._storage = LmdbStorage(
@@ -290,9 +295,11 @@ class PageStore:
         with self._lock:
             if not self._quotas.set(namespace.salt, quota):
                 return
-            # bytes change only on LMDB (ENFORCED); a pool's set_tenant_quotas takes other values
+            # LMDB takes (limit, floor) per tenant, a pool limits alone
             if self.config.backend == "lmdb" and isinstance(self._storage, ByteQuotaStore):
                 self._storage.set_tenant_quotas(*self._quotas.byte_quotas())
+            elif self.config.backend == "valkey" and hasattr(self._storage, "set_tenant_quotas"):
+                self._storage.set_tenant_quotas(*pool_byte_limits(self._quotas.book))
             else:
                 log.warning("the %s store keeps the byte quotas it opened with; the new "
                             "storage_bytes / storage_floor of tenant %r hold from its next open",

@@ -22,9 +22,11 @@ a page store does with each ``TenantQuota`` field:
   cache does); at run time only where the store takes them
   (``ByteQuotaStore``). A tenant at its limit evicts its own least recently
   used pages; capacity eviction never takes a tenant below its floor.
-* ``pool_bytes``, a shared pool: ``pool_byte_limits`` builds what a pool
-  store will take; no pool store enforces per-tenant bytes yet, so a setting
-  that gives ``pool_bytes`` is refused rather than silently ignored.
+* ``pool_bytes``, a Valkey pool: per-tenant limits on value bytes
+  (``pool_byte_limits``), handed to the pool when it opens
+  (``ValkeyConfig.tenant_quotas``) and at run time (``set_tenant_quotas``);
+  a tenant at its limit evicts its own oldest values (no floor: the server
+  evicts on its own).
 * ``device_*`` / ``host_*``: the engine's own GPU and CPU tiers, which the
   engine manages; a page store cannot enforce them, so they are refused.
 """
@@ -56,7 +58,7 @@ ByteQuota = tuple[int | None, int]  # (limit bytes or None: no limit, floor byte
 # The TenantQuota fields a page store of each backend enforces (module docstring).
 ENFORCED: Final[Mapping[str, frozenset[str]]] = {
     "lmdb": frozenset({"storage_bytes", "storage_floor", "ttl_s"}),
-    "valkey": frozenset({"ttl_s"}),  # pool_bytes: once a pool store takes pool_byte_limits
+    "valkey": frozenset({"ttl_s", "pool_bytes"}),
 }
 RAW_ID_MASK: Final = (1 << 63) - 1
 
@@ -114,10 +116,7 @@ def pool_byte_limits(book: QuotaBook) -> tuple[dict[TenantKey, int], int | None]
     This is what a shared pool store (Valkey) takes as per-tenant value-byte
     limits: at open (``tenant_quotas``, ``tenant_quota_default`` of its
     config) and at run time (``set_tenant_quotas(limits, default)``, limits
-    alone: a pool has no floors). NOT WIRED: the pool store on this branch
-    enforces no per-tenant bytes, so ``ENFORCED["valkey"]`` refuses
-    ``pool_bytes``; once it does, ``PageStore`` hands it this at open and on
-    ``set_quota``, and ``pool_bytes`` joins ``ENFORCED["valkey"]``.
+    alone: a pool has no floors).
     """
     limits = {t: q.pool_bytes for t, q in book.items() if q.pool_bytes is not None}
     return limits, book.default.pool_bytes
@@ -155,9 +154,9 @@ class StoreQuotas:
             if not isinstance(quota, TenantQuota):
                 raise TypeError(f"quota must be a TenantQuota or None, got {type(quota).__name__}")
             check_store_quota(quota, self.backend, where)
-        before = self.byte_quotas()
+        before = self.byte_quotas(), pool_byte_limits(self.book)
         self.book.set(salt, quota)
-        return self.byte_quotas() != before
+        return (self.byte_quotas(), pool_byte_limits(self.book)) != before
 
     def put_meta(self, stored_keys: Sequence[bytes], namespace: Namespace) -> PutMeta | None:
         """The ``PutMeta`` of a put of ``namespace``'s pages: its deadline

@@ -85,3 +85,37 @@ def test_backend_name_must_match_the_path(tmp_path: Path) -> None:
                         model="m", layout="l", backend="lmdb")
     assert PageStoreConfig(path=tmp_path, page_bytes=PAGE, engine="vllm", model="m",
                            layout="l").backend == "lmdb"
+
+
+def test_pool_byte_quotas_per_cache_salt_through_the_page_store(server: ValkeyServer) -> None:
+    """``pool_bytes`` of one tenant (a ``cache_salt``): its puts beyond the
+    limit evict its own oldest values; another tenant's values stay; a
+    run-time change takes effect at the tenant's next put."""
+    from radixcache.integrations.tenants import tenant_namespace
+    from radixcache.tenants import TenantQuota, parse_quotas
+
+    noisy, quiet = tenant_namespace("noisy"), tenant_namespace("quiet")
+    src = np.random.default_rng(1).integers(0, 256, (1, PAGE), dtype=np.uint8)
+
+    def put(s: PageStore, key: bytes, ns: object) -> None:
+        assert s.put([key], RawPages(src, PAGE), [0], ns).wait(10)  # type: ignore[arg-type]
+
+    s = PageStore(PageStoreConfig(path=server.url, page_bytes=PAGE, engine="vllm", model="quota",
+                                  layout="kv_dtype=float16;chunk=1"),
+                  quotas=parse_quotas({"noisy": {"pool_bytes": 3 * (PAGE + 512)}}))
+    try:
+        quiet_keys = [b"quiet-%02d" % i + b"\x02" * 28 for i in range(4)]
+        noisy_keys = [b"noisy-%02d" % i + b"\x03" * 28 for i in range(6)]
+        for k in quiet_keys:
+            put(s, k, quiet)
+        for k in noisy_keys:
+            put(s, k, noisy)
+        held = [s.leading([k], noisy) for k in noisy_keys]
+        assert held == [0, 0, 0, 1, 1, 1]  # its 3 newest fit its limit
+        assert [s.leading([k], quiet) for k in quiet_keys] == [1, 1, 1, 1]
+        s.set_quota("noisy", TenantQuota(pool_bytes=PAGE + 512))
+        put(s, b"noisy-zz" + b"\x03" * 28, noisy)
+        assert sum(s.leading([k], noisy) for k in noisy_keys) == 0
+        assert [s.leading([k], quiet) for k in quiet_keys] == [1, 1, 1, 1]
+    finally:
+        s.close()

@@ -148,12 +148,13 @@ def test_quotas_a_page_store_does_not_enforce_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"quotas\['\*'\]: `host_pages` is not enforced"):
         store_quotas({"*": {"host_pages": 8}}, "lmdb")
     with pytest.raises(ValueError, match=r"quotas\['\(none\)'\]: `pool_bytes` is not enforced by "
-                                         r"a page store on valkey \(it enforces ttl_s\)"):
-        store_quotas({"(none)": {"pool_bytes": 1 << 20}}, "valkey")
+                                         r"a page store on lmdb"):
+        store_quotas({"(none)": {"pool_bytes": 1 << 20}}, "lmdb")
     with pytest.raises(ValueError, match=r"quotas\['q'\]: `storage_floor` is not enforced by a "
                                          r"page store on valkey"):
         store_quotas({"q": {"storage_floor": 1}}, "valkey")
     assert store_quotas({"q": {"ttl_s": 1}}, "valkey").get(tenant_namespace("q").tenant).ttl_s == 1
+    assert store_quotas({"q": {"pool_bytes": 9}}, "valkey").get(tenant_namespace("q").tenant).pool_bytes == 9
 
 
 def test_pool_byte_limits_are_built_per_tenant_for_a_pool_store() -> None:
