@@ -24,6 +24,7 @@ class StorageStats:
     corrupt: int  # records that failed a checksum or token check (deleted)
     decrypt_failures: int  # records read that could not be authenticated (offload/storage/crypt)
     evicted: int  # records evicted, least recently used first, to make room
+    expired: int  # records removed past their retention deadline (PutMeta.expires_at)
     deleted: int  # records removed by delete() or forget_namespace()
     puts: int  # pages written
     put_skipped: int  # pages a put found already stored (not rewritten)
@@ -43,6 +44,7 @@ class Counters:
         "corrupt",
         "decrypt_failures",
         "evicted",
+        "expired",
         "deleted",
         "puts",
         "put_skipped",
