@@ -54,11 +54,15 @@ class LmdbReader(PageReader):
     def _values(
         self, job: ReadJob, host_bytes: npt.NDArray[np.uint8]
     ) -> Generator[StoredValue, None, None]:
-        deadlines = self._deadlines
+        # The deadlines are looked up before the read transaction begins: a
+        # record the writer removed since (and whose deadline it forgot) is
+        # then not in the transaction's snapshot either.
+        at = self._deadlines.at
+        dated = [at(rkey) for rkey in job.keys] if len(self._deadlines) else None
         now: float | None = None  # the clock, read once, when a record has a deadline
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
-            for rkey in job.keys:
-                deadline = deadlines.at(rkey)
+            for i, rkey in enumerate(job.keys):
+                deadline = None if dated is None else dated[i]
                 if deadline is not None:
                     now = self._clock() if now is None else now
                     if deadline <= now:

@@ -207,15 +207,16 @@ class LmdbStorage(StorageBase):
     def scan(self) -> Iterator[RecordMeta]:
         self._check_open()
         cut = len(self._prefix)
+        now, dated = self._clock(), self._deadlines.snapshot()  # before the snapshot (see reader.py)
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
             cursor = txn.cursor()
             if not cursor.set_range(self._prefix):
                 return
-            now = self._clock()
             for key, value in cursor:
                 if bytes(key[:cut]) != self._prefix:
                     return
-                if self._deadlines.expired(bytes(key), now):
+                deadline = dated.get(bytes(key))
+                if deadline is not None and deadline <= now:
                     continue  # never served: not announced either
                 meta = self.codec.read_meta(value)
                 if meta is not None and meta.key == bytes(key):
@@ -227,10 +228,11 @@ class LmdbStorage(StorageBase):
         Owner thread."""
         self._check_open()
         out: list[np.ndarray | None] = []
-        now = self._clock()
+        now, rkeys = self._clock(), self.record_keys(keys)
+        live = [not self._deadlines.expired(full, now) for full in rkeys]  # before the snapshot
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
-            for full in self.record_keys(keys):
-                value = None if self._deadlines.expired(full, now) else txn.get(full)
+            for full, alive in zip(rkeys, live):
+                value = txn.get(full) if alive else None
                 meta = None if value is None else self.codec.read_meta(value)
                 ok = meta is not None and meta.key == full and not meta.raw
                 out.append(self.codec.read_tokens(value) if ok and value is not None else None)
