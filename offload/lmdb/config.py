@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from radixcache.offload.storage.checks import positive_int
+from radixcache.offload.storage.checks import positive_float, positive_int
 from radixcache.offload.storage.contract import Clock
 from radixcache.offload.lmdb.quotas import UNLIMITED, ByteQuota, TenantKey, check_quotas
 from radixcache.offload.storage.crypt import KeySource
@@ -81,6 +81,9 @@ class StorageConfig:
     # What retention deadlines are compared with (wall-clock seconds, like
     # time.time()); not part of the config's identity (equality, hashing).
     clock: Clock = field(default=time.time, compare=False, hash=False, repr=False)
+    # How often a timer looks for expired records to sweep when nothing is
+    # written (every write sweeps anyway); None: only writes and reads sweep.
+    sweep_interval_s: float | None = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
@@ -114,6 +117,8 @@ class StorageConfig:
             raise ValueError(
                 f"disk_reserve_ratio must lie in [0, 0.5), got {self.disk_reserve_ratio!r}"
             )
+        if self.sweep_interval_s is not None:
+            positive_float("sweep_interval_s", self.sweep_interval_s)
         if not callable(self.clock):
             raise TypeError(f"clock must be a callable returning seconds, got {self.clock!r}")
         KeySource(self.key_file, self.key_env)  # validates them

@@ -5,7 +5,7 @@ describe (offload/lmdb/txn.py), so they survive a restart exactly as the
 records do::
 
     expiry : record key -> deadline   (8 B, big-endian IEEE double: wall-clock seconds)
-    tags   : tag (ASCII) -> namespace tags (16 B each; dupsort)
+    tags   : tag id (16 B) -> namespace tags (16 B each; dupsort)
 
 **Deadlines.** A put whose ``PutMeta.expires_at`` is set gives each record it
 writes that deadline (a record a put finds already stored keeps its own: a
@@ -16,8 +16,9 @@ does not list it) and removed by the **sweep**, which every write step of the
 writer thread runs first, in the same transaction: it takes the due records
 from a heap ordered by deadline (``Deadlines.due``), so it costs
 O(expired x log n) and never walks the records that are not due. A read that
-meets an expired record asks for a sweep (``SweepJob``) so that it goes even
-when nothing else is written. Expiry removals are removals like evictions:
+meets an expired record asks for a sweep (``SweepJob``), and so does the
+``SweepTimer`` (every ``StorageConfig.sweep_interval_s``) once the earliest
+deadline has passed: expired records go even when nothing is written. Expiry removals are removals like evictions:
 announced through ``take_removed``, counted (``StorageStats.expired``), and
 gone from the recency index and the tenants' byte totals.
 
@@ -26,7 +27,10 @@ look a key up without a lock: one dict lookup) and keeps the heap; it is
 loaded at open from ``expiry`` and changed by the writer after each commit.
 
 **Tags.** A put with ``PutMeta.tags`` records (tag, namespace tag) pairs;
-``TagBook`` is the committed set, namespace -> tags, kept by the writer.
+``TagBook`` is the committed set, namespace -> tag ids, kept by the writer.
+The store knows a tag by its **tag id**, a keyed 16-byte BLAKE2b digest
+(``tag_key``, under the store's secret, like tenant ids: offload/lmdb/quotas.py),
+so a tag's text is never written to disk.
 ``invalidate_tag`` (a ``TagJob``) forgets every namespace listed under the
 tag, in one transaction, and deletes the tag's entries; a forgotten
 namespace's pairs all go with it (no tag keeps naming it).
@@ -39,17 +43,23 @@ are deletes whose records the writer finds itself.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import logging
 import math
 import struct
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from radixcache.offload.lmdb.quotas import UNLIMITED, ByteQuota, TenantKey
 from radixcache.offload.storage import DeleteJob, ForgetJob
+from radixcache.offload.storage.contract import Clock
+
+log = logging.getLogger(__name__)
 
 _DEADLINE = struct.Struct(">d")
-TagPair = tuple[bytes, bytes]  # (tag as ASCII bytes, namespace tag)
+TagPair = tuple[bytes, bytes]  # (tag id, namespace tag)
 
 
 def encode_deadline(deadline: float) -> bytes:
@@ -65,9 +75,9 @@ def decode_deadline(value: bytes | memoryview) -> float | None:
     return deadline if math.isfinite(deadline) else None
 
 
-def tag_key(tag: str) -> bytes:
-    """The ``tags`` database key of a (checked) tag."""
-    return tag.encode("ascii")
+def tag_key(secret: bytes, tag: str) -> bytes:
+    """The ``tags`` database key of a (checked) tag: its id in this store."""
+    return hashlib.blake2b(b"tag\x00" + tag.encode("ascii"), digest_size=16, key=secret).digest()
 
 
 class Deadlines:
@@ -132,12 +142,49 @@ class Deadlines:
         return [key for _d, key in out]
 
     def next_due(self) -> float | None:
-        """The earliest deadline in the heap (maybe stale), None if empty."""
-        return self._heap[0][0] if self._heap else None
+        """The earliest deadline in the heap (maybe stale), None if empty. Any thread."""
+        try:
+            return self._heap[0][0]
+        except IndexError:  # empty (or emptied by the writer meanwhile)
+            return None
+
+
+class SweepTimer:
+    """Every ``interval_s`` seconds, on its own daemon thread: if the earliest
+    deadline has passed, ``ask()`` for a sweep (the writer runs it)."""
+
+    def __init__(
+        self, deadlines: Deadlines, clock: Clock, ask: Callable[[], None], interval_s: float
+    ) -> None:
+        self._deadlines = deadlines
+        self._clock = clock
+        self._ask = ask
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="radixcache-lmdb-sweep", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        failed = False
+        while not self._stop.wait(self._interval):
+            try:
+                due = self._deadlines.next_due()
+                if due is not None and due <= self._clock():
+                    self._ask()
+            except Exception:  # a broken clock must not end the thread silently
+                if not failed:
+                    log.exception("the retention sweep timer failed (it keeps trying)")
+                failed = True
+
+    def close(self) -> None:
+        """Stop the thread (idempotent)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 class TagBook:
-    """namespace tag -> its tags (as ASCII bytes), as committed. Writer thread only."""
+    """namespace tag -> its tag ids, as committed. Writer thread only."""
 
     __slots__ = ("_of",)
 
@@ -174,7 +221,7 @@ class TagBook:
 class TagJob(ForgetJob):
     """Forget every namespace listed under ``tag`` (``ns_tag`` is unused)."""
 
-    tag: bytes = b""  # the tag, as the ``tags`` database keys it
+    tag: bytes = b""  # the tag's id (``tag_key``)
 
 
 @dataclass(slots=True)
@@ -184,7 +231,7 @@ class QuotaJob(DeleteJob):
     is unused: the writer finds them)."""
 
     quotas: Mapping[TenantKey, ByteQuota] = field(default_factory=dict)  # tenant -> quota, checked
-    default: ByteQuota = UNLIMITED  # the quota of tenants not listed
+    default: ByteQuota | None = None  # the quota of tenants not listed; None: unchanged
 
 
 @dataclass(slots=True)

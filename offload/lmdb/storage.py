@@ -62,6 +62,7 @@ from radixcache.events.types import DISK, Medium
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.env import LmdbEnv
 from radixcache.offload.lmdb.quotas import (
+    UNLIMITED,
     ByteQuota,
     TenantKey,
     TenantStorageStats,
@@ -72,6 +73,7 @@ from radixcache.offload.lmdb.reader import LmdbReader
 from radixcache.offload.lmdb.retention import (
     QuotaJob,
     SweepJob,
+    SweepTimer,
     TagJob,
     decode_deadline,
     tag_key,
@@ -124,6 +126,10 @@ class LmdbStorage(StorageBase):
         self._writer = writer
         self._lmdb_writer = writer  # the same, as its own class (tenant counters)
         self._reader = LmdbReader(store, writer, config.clock, num_readers=config.num_readers)
+        interval = config.sweep_interval_s
+        self._sweeper = None if interval is None else SweepTimer(
+            store.deadlines, config.clock, writer.ask_sweep, interval
+        )  # fmt: skip
 
     @property
     def where(self) -> str:
@@ -172,7 +178,8 @@ class LmdbStorage(StorageBase):
         done. The removals are announced through ``take_removed``."""
         self._check_open()
         ticket = FutureTicket()
-        self._writer.submit(TagJob(b"", ticket, tag=tag_key(check_tag(tag))))
+        tid = tag_key(self._store.tenant_secret, check_tag(tag))
+        self._writer.submit(TagJob(b"", ticket, tag=tid))
         return ticket
 
     def set_tenant_quotas(
@@ -189,10 +196,10 @@ class LmdbStorage(StorageBase):
         ``take_removed``, counted as quota evictions). Result: the records
         evicted."""
         self._check_open()
-        current = self._lmdb_writer.quota_table[1]
-        checked, fallback = check_quotas(quotas, current if default is None else default)
+        checked, fallback = check_quotas(quotas, UNLIMITED if default is None else default)
         ticket = FutureTicket()
-        self._writer.submit(QuotaJob([], ticket, quotas=checked, default=fallback))
+        kept = None if default is None else fallback  # None: the default in force then
+        self._writer.submit(QuotaJob([], ticket, quotas=checked, default=kept))
         return ticket
 
     def sweep_expired(self) -> Ticket:
@@ -266,6 +273,13 @@ class LmdbStorage(StorageBase):
             limit, floor = quotas.get(tenant, default)
             out[tenant] = TenantStorageStats(records, nbytes, limit, floor, quota_evicted, dropped)
         return out
+
+    def close(self) -> None:
+        """Stop the sweep timer, then close as every backend does (readers,
+        writer, the environment and the lock)."""
+        if self._sweeper is not None:
+            self._sweeper.close()
+        super().close()
 
     def _release(self) -> None:
         self._store.close()  # the environment, then the owner lock

@@ -162,7 +162,7 @@ class TxnBody:
     def _tag(self, txn: Txn, ns_tag: bytes, tags: tuple[str, ...], effects: TxnEffects) -> None:
         """List namespace ``ns_tag`` under each of ``tags`` (pairs already listed are kept)."""
         for tag in tags:
-            pair = (tag_key(tag), ns_tag)
+            pair = (tag_key(self._secret, tag), ns_tag)
             listed = effects.tag_changes.get(pair)
             if listed or (listed is None and self._tag_book.has(pair)):
                 continue

@@ -145,7 +145,7 @@ class LmdbWriter(JobWriter):
     def _set_quotas(self, job: QuotaJob) -> None:
         """Enforce the job's quotas; evict each tenant's own oldest records
         down to its new limit, in one transaction. Result: records evicted."""
-        self._use_quotas(job.quotas, job.default)
+        self._use_quotas(job.quotas, self._default_quota if job.default is None else job.default)
         victims: list[tuple[bytes, TenantKey]] = []
         for tid, (_records, nbytes) in self._index.tenant_totals().items():
             limit = self._quota(tid)[0]
@@ -161,7 +161,10 @@ class LmdbWriter(JobWriter):
             job.result = effects.evicted
             return effects
 
-        self._publish(self._write_growing(evict) if victims else TxnEffects(), [job])
+        if victims:
+            self._publish(self._write_growing(evict), [job])
+        elif job.ticket is not None:
+            job.ticket.finish(0)
 
     def _publish(self, effects: TxnEffects, batch: list[WriteJob]) -> None:
         """Make a committed transaction visible (see the order in the module doc)."""

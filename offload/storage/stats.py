@@ -25,7 +25,7 @@ class StorageStats:
     decrypt_failures: int  # records read that could not be authenticated (offload/storage/crypt)
     evicted: int  # records evicted, least recently used first, to make room
     expired: int  # records removed past their retention deadline (PutMeta.expires_at)
-    deleted: int  # records removed by delete() or forget_namespace()
+    deleted: int  # records removed by delete(), forget_namespace() or invalidate_tag()
     puts: int  # pages written
     put_skipped: int  # pages a put found already stored (not rewritten)
     write_txns: int  # committed write transactions

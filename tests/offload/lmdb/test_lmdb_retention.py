@@ -3,12 +3,13 @@ in deadline order, reported, counted, released from the quotas, durable."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
-from radixcache.offload import LmdbStorage
+from radixcache.offload import LmdbStorage, StorageConfig
 from radixcache.offload.lmdb import writer as lmdb_writer
 from radixcache.offload.lmdb.retention import Deadlines
 from radixcache.offload.storage import PutMeta
@@ -220,3 +221,25 @@ def test_deadlines_index_sweeps_earliest_first_and_skips_stale_entries() -> None
     assert d.due(6.0, 10) == [b"a"]
     assert d.expired(b"b", 8.9) is False and d.expired(b"b", 9.0) is True
     assert d.at(b"zz") is None and len(d) == 2
+
+
+def test_the_timer_sweeps_an_idle_store(kit: StoreKit) -> None:
+    clock = FakeClock()
+    store = kit.open(clock=clock, sweep_interval_s=0.02)
+    keys = kit.keys(2, b"idle")
+    put(kit, store, keys, b"idle", expires_at=T0 + 1)
+    clock.now = T0 + 1  # nothing is read or written from here on
+    removed: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(removed) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        removed += store.take_removed()
+    assert sorted(removed) == sorted(keys) and store.stats().expired == 2
+    store.close()  # stops the timer first
+
+
+def test_a_bad_sweep_interval_or_clock_is_refused() -> None:
+    with pytest.raises(ValueError, match="sweep_interval_s"):
+        StorageConfig(sweep_interval_s=0)
+    with pytest.raises(TypeError, match="clock"):
+        StorageConfig(clock=5.0)  # type: ignore[arg-type]

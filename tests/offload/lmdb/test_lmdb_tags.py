@@ -153,3 +153,12 @@ def test_bad_quotas_are_refused_at_the_call(kit: StoreKit) -> None:
 
 def _meta(n: int, tags: tuple[str, ...]) -> PutMeta:
     return PutMeta(list(range(n)), None, 0, tags=tags)
+
+
+def test_the_data_file_holds_no_tag_text(kit: StoreKit) -> None:
+    store = kit.open("s")
+    put(kit, store, kit.keys(1, b"x"), b"x", tags=("customer:acme-secret",))
+    store.close()
+    assert b"customer:acme-secret" not in (kit.root / "s" / "data.mdb").read_bytes()
+    store = kit.open("s")
+    assert kit.done(store.invalidate_tag("customer:acme-secret")) == 1
