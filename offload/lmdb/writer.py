@@ -295,9 +295,15 @@ class LmdbWriter(JobWriter):
         if len(due) == SWEEP_MAX:
             self.ask_sweep()  # the rest in the next step
         expired = {key for key, _t, _s in due}
+        expiring: dict[TenantKey, int] = {}  # bytes the sweep frees, per tenant
+        for _key, tenant, size in due:
+            expiring[tenant] = expiring.get(tenant, 0) + size
+        floor = self._floor
+        if floor is not None and expiring:  # floors count what stays after the sweep
+            floor = lambda t, f=floor: f(t) + expiring.get(t, 0)  # noqa: E731
         live = [job for job in batch if not (isinstance(job, PutJob) and _lapsed(job, now))]
         keep = _put_keys(live)
-        own, limits = self._limit_victims(live, keep, due)
+        own, limits = self._limit_victims(live, keep, expired, expiring)
         incoming = sum(
             min(n, limits[t]) if t in limits else n
             for t, n in self._incoming_by_tenant(live, expired).items()
@@ -307,7 +313,7 @@ class LmdbWriter(JobWriter):
         skip = keep | expired | {key for key, _t, _s in own}
         victims = [
             (key, self._index.tenant_of(key), size)
-            for key, size in (self._index.oldest(excess, skip, self._floor) if excess > 0 else [])
+            for key, size in (self._index.oldest(excess, skip, floor) if excess > 0 else [])
         ]
         for _key, tenant, size in victims:
             if tenant in limits:
@@ -349,18 +355,19 @@ class LmdbWriter(JobWriter):
         return effects
 
     def _limit_victims(
-        self, batch: list[WriteJob], keep: set[bytes], due: list[tuple[bytes, TenantKey, int]]
+        self,
+        batch: list[WriteJob],
+        keep: set[bytes],
+        expired: set[bytes],
+        expiring: Mapping[TenantKey, int],
     ) -> tuple[list[tuple[bytes, TenantKey, int]], dict[TenantKey, int]]:
         """For each tenant with a limit that the batch's puts would take over
         it: its own least recently used records to evict (key, tenant, size);
-        and for each tenant with a limit, the bytes it may then add. ``due``:
-        the expired records the step removes (key, tenant, size)."""
+        and for each tenant with a limit, the bytes it may then add.
+        ``expired``: the records the step's sweep removes; ``expiring``:
+        their bytes per tenant."""
         own: list[tuple[bytes, TenantKey, int]] = []
         limits: dict[TenantKey, int] = {}
-        expiring: dict[TenantKey, int] = {}
-        for _key, tenant, size in due:
-            expiring[tenant] = expiring.get(tenant, 0) + size
-        expired = {key for key, _t, _s in due}
         skip = keep | expired
         for tenant, incoming in self._incoming_by_tenant(batch, expired).items():
             limit = self._quota(tenant)[0]

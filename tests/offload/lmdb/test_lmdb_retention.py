@@ -243,3 +243,20 @@ def test_a_bad_sweep_interval_or_clock_is_refused() -> None:
         StorageConfig(sweep_interval_s=0)
     with pytest.raises(TypeError, match="clock"):
         StorageConfig(clock=5.0)  # type: ignore[arg-type]
+
+
+def test_capacity_eviction_counts_floors_after_the_sweep(kit: StoreKit) -> None:
+    clock = FakeClock()
+    store = kit.open(clock=clock, capacity_bytes=4 * R, tenant_quotas={A: (None, 2 * R)})
+    put(kit, store, kit.keys(1, b"a-dated"), b"a1", expires_at=T0 + 1, tenant=A)
+    a_live = kit.keys(2, b"a-live")
+    put(kit, store, a_live, b"a2", tenant=A)  # older than B's record
+    b_old = kit.keys(1, b"b-old")
+    put(kit, store, b_old, b"b1", tenant=B)
+    store.take_removed()
+    clock.now = T0 + 1
+    assert put(kit, store, kit.keys(2, b"b-new"), b"b2", tenant=B) == 2
+    assert store.longest_prefix(a_live) == 2  # A keeps its floor: B's own old record went
+    assert store.longest_prefix(b_old) == 0
+    assert (store.stats().expired, store.stats().evicted) == (1, 1)
+    store.check_integrity()
