@@ -18,13 +18,19 @@ from a heap ordered by deadline (``Deadlines.due``), so it costs
 O(expired x log n) and never walks the records that are not due. A read that
 meets an expired record asks for a sweep (``SweepJob``), and so does the
 ``SweepTimer`` (every ``StorageConfig.sweep_interval_s``) once the earliest
-deadline has passed: expired records go even when nothing is written. Expiry removals are removals like evictions:
-announced through ``take_removed``, counted (``StorageStats.expired``), and
-gone from the recency index and the tenants' byte totals.
+deadline has passed: expired records go even when nothing is written.
+Expiry removals are removals like evictions: announced through
+``take_removed``, counted (``StorageStats.expired``), and gone from the
+recency index and the tenants' byte totals (a tenant's expired bytes do not
+count toward its floor in the step that sweeps them).
 
 In memory, ``Deadlines`` maps record key -> deadline (readers and the owner
 look a key up without a lock: one dict lookup) and keeps the heap; it is
 loaded at open from ``expiry`` and changed by the writer after each commit.
+A reader looks its keys' deadlines up *before* it begins its read
+transaction: a record the writer swept (and whose deadline it forgot) after
+the lookup is still caught by the deadline looked up, and one swept before
+it is not in the transaction's snapshot.
 
 **Tags.** A put with ``PutMeta.tags`` records (tag, namespace tag) pairs;
 ``TagBook`` is the committed set, namespace -> tag ids, kept by the writer.

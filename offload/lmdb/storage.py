@@ -116,7 +116,8 @@ class LmdbStorage(StorageBase):
         self.path = store.path
         self._prefix = self._digest  # record-key prefix (invariant 8)
         self._env, self._gate, self._index = store.env, store.gate, store.index
-        self._pages, self._ns, self._meta, self._tenants = store.pages, store.ns, store.meta, store.tenants
+        self._pages, self._ns, self._meta = store.pages, store.ns, store.meta
+        self._tenants = store.tenants
         self._deadlines, self._clock = store.deadlines, config.clock
         self._removals = RemovalLog()
         record_bytes = rec.page_record_size(spec.page_size, spec.page_bytes)
@@ -214,7 +215,7 @@ class LmdbStorage(StorageBase):
     def scan(self) -> Iterator[RecordMeta]:
         self._check_open()
         cut = len(self._prefix)
-        now, dated = self._clock(), self._deadlines.snapshot()  # before the snapshot (see reader.py)
+        now, dated = self._clock(), self._deadlines.snapshot()  # before the txn (see reader.py)
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
             cursor = txn.cursor()
             if not cursor.set_range(self._prefix):
@@ -306,6 +307,6 @@ class LmdbStorage(StorageBase):
         with self._env.begin(buffers=True) as txn:
             expiry = {bytes(k): decode_deadline(v) for k, v in txn.cursor(db=self._store.expiry)}
             pairs = {(bytes(t), bytes(ns)) for t, ns in txn.cursor(db=self._store.tags)}
-        assert expiry == self._deadlines.snapshot(), "the deadlines in memory differ from the store's"
+        assert expiry == self._deadlines.snapshot(), "deadlines in memory differ from the store's"
         assert all(k in stored for k in expiry), "a deadline of a record not stored"
-        assert pairs == set(self._store.tag_book.pairs()), "the tags in memory differ from the store's"
+        assert pairs == set(self._store.tag_book.pairs()), "tags in memory differ from the store's"

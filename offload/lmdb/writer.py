@@ -44,7 +44,7 @@ import lmdb
 
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.env import LmdbEnv
-from radixcache.offload.lmdb.quotas import ByteQuota, TenantCounters, TenantKey
+from radixcache.offload.lmdb.quotas import UNLIMITED, ByteQuota, TenantCounters, TenantKey
 from radixcache.offload.lmdb.retention import QuotaJob, SweepJob
 from radixcache.offload.lmdb.space import DiskReserve, disk_room, grow_map, preallocate
 from radixcache.offload.lmdb.txn import Txn, TxnBody, TxnEffects
@@ -94,7 +94,7 @@ class LmdbWriter(JobWriter):
         self._quotas: dict[TenantKey, ByteQuota] = {}  # tenant id -> (limit or None, floor)
         self._default_quota: ByteQuota = config.tenant_quota_default
         self._floor: Callable[[TenantKey], int] | None = None  # None: no floors
-        self.quota_table: tuple[Mapping[TenantKey, ByteQuota], ByteQuota] = ({}, self._default_quota)
+        self.quota_table: tuple[Mapping[TenantKey, ByteQuota], ByteQuota] = ({}, UNLIMITED)
         self._use_quotas(config.tenant_quotas, config.tenant_quota_default)
         self._tag_tenant = store.tag_tenant  # namespace tag -> tenant id, as committed
         self._last_freed = 0  # bytes the last commit freed: not reusable by the next one

@@ -120,7 +120,8 @@ def check_tag(tag: object, what: str = "tag") -> str:
     store keeps tags as keys); else TypeError / ValueError naming ``what``."""
     if type(tag) is not str:
         raise TypeError(f"{what} must be a str, got {type(tag).__name__}")
-    if not 0 < len(tag) <= MAX_TAG_CHARS or not tag.isascii() or not tag.isprintable() or " " in tag:
+    printable = tag.isascii() and tag.isprintable() and " " not in tag
+    if not 0 < len(tag) <= MAX_TAG_CHARS or not printable:
         shown = tag if len(tag) <= 40 else tag[:40] + "..."
         raise ValueError(
             f"{what} must be 1-{MAX_TAG_CHARS} printable ASCII characters without spaces, "
@@ -140,7 +141,9 @@ def check_retention(meta: PutMeta | None) -> None:
         or isinstance(deadline, bool)
         or not math.isfinite(deadline)
     ):
-        raise ValueError(f"meta.expires_at must be None or a finite number of seconds, got {deadline!r}")
+        raise ValueError(
+            f"meta.expires_at must be None or a finite number of seconds, got {deadline!r}"
+        )
     if type(meta.tags) is not tuple:
         raise TypeError(f"meta.tags must be a tuple of str, got {type(meta.tags).__name__}")
     for i, tag in enumerate(meta.tags):
