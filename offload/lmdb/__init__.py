@@ -13,6 +13,8 @@
                   making room (eviction, map growth, disk reserve)
     txn.py        what one write transaction does to the records
     space.py      the map's growth and the disk under it
+    retention.py  retention deadlines, tags, the sweep; the store's own jobs
+                  (tag invalidation, quota changes, sweeps)
 
 It imports the shared base (``radixcache.offload.storage``) and nothing of
 any other backend.

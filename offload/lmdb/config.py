@@ -24,16 +24,25 @@ at its limit evicts its own least recently used records; capacity eviction
 never takes a tenant below its floor; a put that cannot be placed either way
 is dropped (counted per tenant), never an error.
 
+Retention (offload/lmdb/retention.py): a put whose ``PutMeta.expires_at``
+is set stores that deadline with its records; ``clock`` (wall-clock seconds,
+``time.time`` unless a test passes a fake one) is what the store compares
+deadlines with. Tags (``PutMeta.tags``) are recorded per namespace for
+``LmdbStorage.invalidate_tag``; quotas can be replaced at run time
+(``LmdbStorage.set_tenant_quotas``).
+
 This module imports no LMDB: ``storage_config`` builds a config without it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from radixcache.offload.storage.checks import positive_int
+from radixcache.offload.storage.checks import positive_float, positive_int
+from radixcache.offload.storage.contract import Clock
 from radixcache.offload.lmdb.quotas import UNLIMITED, ByteQuota, TenantKey, check_quotas
 from radixcache.offload.storage.crypt import KeySource
 
@@ -69,6 +78,12 @@ class StorageConfig:
     # the quota of tenants not listed (see the module docstring).
     tenant_quotas: Mapping[TenantKey, ByteQuota] = field(default_factory=dict, hash=False)
     tenant_quota_default: ByteQuota = UNLIMITED
+    # What retention deadlines are compared with (wall-clock seconds, like
+    # time.time()); not part of the config's identity (equality, hashing).
+    clock: Clock = field(default=time.time, compare=False, hash=False, repr=False)
+    # How often a timer looks for expired records to sweep when nothing is
+    # written (every write sweeps anyway); None: only writes and reads sweep.
+    sweep_interval_s: float | None = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
@@ -102,6 +117,10 @@ class StorageConfig:
             raise ValueError(
                 f"disk_reserve_ratio must lie in [0, 0.5), got {self.disk_reserve_ratio!r}"
             )
+        if self.sweep_interval_s is not None:
+            positive_float("sweep_interval_s", self.sweep_interval_s)
+        if not callable(self.clock):
+            raise TypeError(f"clock must be a callable returning seconds, got {self.clock!r}")
         KeySource(self.key_file, self.key_env)  # validates them
         quotas, default = check_quotas(self.tenant_quotas, self.tenant_quota_default)
         object.__setattr__(self, "tenant_quotas", quotas)  # a private, checked copy

@@ -3,11 +3,12 @@
 ``LmdbEnv`` opens what ``LmdbStorage`` stands on, in order: it creates the
 directory if missing and takes its owner lock (``radixcache.lock``: one
 process has a store open at a time), opens the environment (``writemap``,
-durability flags from the config) and its four named databases, checks the
+durability flags from the config) and its six named databases, checks the
 fingerprint the store was last written for (records of another one never hit
 and age out), loads the namespace tag -> tenant map (offload/lmdb/txn.py)
 (tenant ids: offload/lmdb/quotas.py) and rebuilds the recency index from the records' write sequence numbers,
-each record under its tenant. The reader, the writer and the storage share it; ``close`` gives
+each record under its tenant, and loads the records' retention deadlines and
+the namespaces' tags (offload/lmdb/retention.py). The reader, the writer and the storage share it; ``close`` gives
 the environment and the lock back (after they stopped).
 
 The owner lock is an ``flock`` on ``radixcache.lock``, which belongs to the
@@ -34,6 +35,7 @@ import lmdb
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.index import RecencyIndex
 from radixcache.offload.lmdb.quotas import SECRET_BYTES, TenantKey
+from radixcache.offload.lmdb.retention import Deadlines, TagBook, decode_deadline
 from radixcache.offload.lmdb.space import MapGate, grow_map
 from radixcache.offload.storage import ModelFingerprint, StorageOpenError
 from radixcache.offload.storage import record as rec
@@ -61,11 +63,15 @@ class LmdbEnv:
         self.gate = MapGate()  # read txns vs. the writer growing the map
         self.tag_tenant: dict[bytes, TenantKey] = {}  # namespace tag -> tenant id (tenants db)
         self.tenant_secret = b""  # the key of tenant ids (offload/lmdb/quotas.py), from meta
+        self.deadlines = Deadlines()  # record key -> retention deadline (expiry db)
+        self.tag_book = TagBook()  # namespace tag -> its tags (tags db)
         try:
             self.pages = self.env.open_db(b"pages")  # record key -> record
             self.ns = self.env.open_db(b"ns", dupsort=True)  # namespace tag -> record keys
             self.meta = self.env.open_db(b"meta")  # fingerprint, tick
             self.tenants = self.env.open_db(b"tenants")  # namespace tag -> tenant id
+            self.expiry = self.env.open_db(b"expiry")  # record key -> retention deadline
+            self.tags = self.env.open_db(b"tags", dupsort=True)  # tag -> namespace tags
             try:
                 self.next_seq = self._load(fingerprint)  # write seq of the next record
             except lmdb.MapFullError:  # reopened with a smaller map than the data needs
@@ -81,7 +87,7 @@ class LmdbEnv:
     @property
     def dbs(self) -> tuple[lmdb._Database, ...]:
         """Every named database (for page accounting)."""
-        return (self.pages, self.ns, self.meta, self.tenants)
+        return (self.pages, self.ns, self.meta, self.tenants, self.expiry, self.tags)
 
     def close(self) -> None:
         """Close the environment and give the owner lock back (in a forked
@@ -129,7 +135,7 @@ class LmdbEnv:
             return lmdb.open(
                 path,
                 map_size=config.map_size,
-                max_dbs=4,
+                max_dbs=8,
                 sync=True,
                 metasync=config.durability == "safe",
                 writemap=True,  # see "Write path" in offload/lmdb/storage.py
@@ -139,8 +145,8 @@ class LmdbEnv:
             raise StorageOpenError(f"cannot open the LMDB store in {path!r}: {exc}") from exc
 
     def _load(self, fingerprint: ModelFingerprint) -> int:
-        """Check the fingerprint, load the tenant map and rebuild the index;
-        returns the next write seq."""
+        """Check the fingerprint, load the tenant map, rebuild the index, load
+        the deadlines and tags; returns the next write seq."""
         mine = fingerprint.describe().encode()
         prefix = fingerprint.digest()
         entries: list[tuple[int, bytes, int, TenantKey]] = []
@@ -171,6 +177,7 @@ class LmdbEnv:
                 owner = None if ns_tag is None else tags.get(ns_tag)
                 entries.append((-1 if seq is None else seq, bytes(key), len(value), owner))
                 foreign += not bytes(key).startswith(prefix)
+            self._load_retention(txn, {key for _seq, key, _size, _t in entries})
         self.index.load(entries)
         if foreign:
             log.info(
@@ -180,6 +187,24 @@ class LmdbEnv:
                 len(entries),
             )
         return max((seq for seq, _k, _s, _t in entries), default=-1) + 1
+
+
+    def _load_retention(self, txn: lmdb.Transaction, stored: set[bytes]) -> None:
+        """Load the records' deadlines and the namespaces' tags. A deadline
+        of a record not stored, or one this code did not write, is deleted
+        (a put of that key must not inherit it)."""
+        deadlines: list[tuple[bytes, float]] = []
+        stale: list[bytes] = []
+        for key, value in txn.cursor(db=self.expiry):
+            rkey, deadline = bytes(key), decode_deadline(value)
+            if rkey in stored and deadline is not None:
+                deadlines.append((rkey, deadline))
+            else:
+                stale.append(rkey)
+        for rkey in stale:
+            txn.delete(rkey, db=self.expiry)
+        self.deadlines.load(deadlines)
+        self.tag_book.apply({(bytes(t), bytes(ns)): True for t, ns in txn.cursor(db=self.tags)})
 
 
 def encode_tenant(tenant: TenantKey) -> bytes:

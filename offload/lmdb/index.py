@@ -73,6 +73,11 @@ class RecencyIndex:
         """The tenant of a stored record (KeyError if it is not stored)."""
         return self._tenant_of[rkey]
 
+    def size_of(self, rkey: bytes) -> int:
+        """The value size of a stored record (KeyError if it is not stored)."""
+        with self._lock:
+            return self._tenants[self._tenant_of[rkey]].order[rkey][1]
+
     def tenant_bytes(self, tenant: TenantKey) -> int:
         """Bytes of ``tenant``'s records."""
         with self._lock:

@@ -8,6 +8,10 @@
                     no bytes object), then checksums the copy
                   _served: the hits are touched in the recency index
 
+A record past its retention deadline (offload/lmdb/retention.py) is a miss,
+like a record not stored: the read stops there, and asks the writer for a
+sweep, which removes it (and announces the removal).
+
 A record that cannot be authenticated (encryption at rest) is deleted like
 a corrupt one: the store is this engine's alone (``delete_unreadable``).
 
@@ -25,7 +29,9 @@ import numpy as np
 import numpy.typing as npt
 
 from radixcache.offload.lmdb.env import LmdbEnv
-from radixcache.offload.storage import JobWriter, PageReader, ReadJob, StoredValue
+from radixcache.offload.lmdb.writer import LmdbWriter
+from radixcache.offload.storage import PageReader, ReadJob, StoredValue
+from radixcache.offload.storage.contract import Clock
 
 
 class LmdbReader(PageReader):
@@ -33,18 +39,36 @@ class LmdbReader(PageReader):
 
     delete_unreadable = True  # one process owns the store: nobody else's records
 
-    def __init__(self, store: LmdbEnv, writer: JobWriter, *, num_readers: int) -> None:
+    def __init__(
+        self, store: LmdbEnv, writer: LmdbWriter, clock: Clock, *, num_readers: int
+    ) -> None:
         super().__init__(writer, num_readers=num_readers, thread_name="radixcache-lmdb-read")
         self._env = store.env
         self._pages = store.pages  # record key -> record
         self._gate = store.gate  # held shared by every read transaction
         self._index = store.index  # recency: hits are touched
+        self._deadlines = store.deadlines  # retention: expired records are misses
+        self._clock = clock  # what deadlines are compared with
+        self._lmdb_writer = writer  # sweeps expired records
 
     def _values(
         self, job: ReadJob, host_bytes: npt.NDArray[np.uint8]
     ) -> Generator[StoredValue, None, None]:
+        # The deadlines are looked up before the read transaction begins: a
+        # record the writer removed since (and whose deadline it forgot) is
+        # then not in the transaction's snapshot either.
+        at = self._deadlines.at
+        dated = [at(rkey) for rkey in job.keys] if len(self._deadlines) else None
+        now: float | None = None  # the clock, read once, when a record has a deadline
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
-            for rkey in job.keys:
+            for i, rkey in enumerate(job.keys):
+                deadline = None if dated is None else dated[i]
+                if deadline is not None:
+                    now = self._clock() if now is None else now
+                    if deadline <= now:
+                        self._lmdb_writer.ask_sweep()
+                        yield None  # a miss: the read stops here
+                        return
                 yield txn.get(rkey)
 
     def _served(self, keys: list[bytes]) -> None:

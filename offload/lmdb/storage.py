@@ -1,6 +1,6 @@
 """LmdbStorage: the storage tier as one LMDB environment on local disk.
 
-Layout of the environment (one directory, four named databases)::
+Layout of the environment (one directory, six named databases)::
 
     pages : record key (8 B fingerprint + page key) -> record value   (format: offload/storage/record.py)
     ns    : namespace tag (16 B) -> record keys  (dupsort: the namespace index)
@@ -8,6 +8,8 @@ Layout of the environment (one directory, four named databases)::
             b"tick" -> counter                   (commits that only advance the txn id)
             b"tenant-secret" -> 32 B              (the key of tenant ids: offload/lmdb/quotas.py)
     tenants : namespace tag (16 B) -> tenant id  (per-tenant quotas: offload/lmdb/txn.py)
+    expiry  : record key -> retention deadline   (offload/lmdb/retention.py)
+    tags    : tag -> namespace tags (dupsort)    (invalidate_tag: the same)
 
 plus ``radixcache.lock``, an advisory lock held by the one process that has
 the store open: the index and the capacity accounting live in that process.
@@ -41,21 +43,41 @@ an error on the ticket rather than a SIGBUS (offload/lmdb/space.py). Every
 process that opens the store must use the same setting (LMDB's rule), which
 this class does.
 
+Retention, tags, run-time quotas: a put's ``PutMeta.expires_at`` is kept with
+its records, which are never served past it and are swept in deadline order
+by the writer; ``invalidate_tag`` forgets every namespace a put tagged;
+``set_tenant_quotas`` replaces the byte quotas (offload/lmdb/retention.py).
+
 Durability and the other settings: offload/lmdb/config.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from radixcache.events.types import DISK, Medium
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.env import LmdbEnv
-from radixcache.offload.lmdb.quotas import TenantKey, TenantStorageStats, tenant_id
+from radixcache.offload.lmdb.quotas import (
+    UNLIMITED,
+    ByteQuota,
+    TenantKey,
+    TenantStorageStats,
+    check_quotas,
+    tenant_id,
+)
 from radixcache.offload.lmdb.reader import LmdbReader
+from radixcache.offload.lmdb.retention import (
+    QuotaJob,
+    SweepJob,
+    SweepTimer,
+    TagJob,
+    decode_deadline,
+    tag_key,
+)
 from radixcache.offload.lmdb.writer import LmdbWriter
 from radixcache.offload.storage import (
     ModelFingerprint,
@@ -65,8 +87,10 @@ from radixcache.offload.storage import (
     StoreSizes,
 )
 from radixcache.offload.storage import record as rec
-from radixcache.offload.storage.checks import check_key
+from radixcache.offload.storage.checks import check_key, check_retention, check_tag
+from radixcache.offload.storage.contract import HostPages, PageBuffer, PutMeta, TokenPages
 from radixcache.transfer.layout import KVSpec
+from radixcache.transfer.ticket import FutureTicket, Ticket
 
 
 class LmdbStorage(StorageBase):
@@ -92,7 +116,9 @@ class LmdbStorage(StorageBase):
         self.path = store.path
         self._prefix = self._digest  # record-key prefix (invariant 8)
         self._env, self._gate, self._index = store.env, store.gate, store.index
-        self._pages, self._ns, self._meta, self._tenants = store.dbs
+        self._pages, self._ns, self._meta = store.pages, store.ns, store.meta
+        self._tenants = store.tenants
+        self._deadlines, self._clock = store.deadlines, config.clock
         self._removals = RemovalLog()
         record_bytes = rec.page_record_size(spec.page_size, spec.page_bytes)
         writer = LmdbWriter(
@@ -100,7 +126,11 @@ class LmdbStorage(StorageBase):
         )
         self._writer = writer
         self._lmdb_writer = writer  # the same, as its own class (tenant counters)
-        self._reader = LmdbReader(store, self._writer, num_readers=config.num_readers)
+        self._reader = LmdbReader(store, writer, config.clock, num_readers=config.num_readers)
+        interval = config.sweep_interval_s
+        self._sweeper = None if interval is None else SweepTimer(
+            store.deadlines, config.clock, writer.ask_sweep, interval
+        )  # fmt: skip
 
     @property
     def where(self) -> str:
@@ -115,15 +145,77 @@ class LmdbStorage(StorageBase):
 
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
         self._check_open()
-        prefix, index = self._prefix, self._index
+        prefix, index, deadlines = self._prefix, self._index, self._deadlines
+        now: float | None = None  # read once, for the first key with a deadline
         for i, key in enumerate(keys):  # checked as far as it looks (up to the first miss)
-            if prefix + check_key(i, key) not in index:
+            rkey = prefix + check_key(i, key)
+            if rkey not in index:
                 return i
+            deadline = deadlines.at(rkey)
+            if deadline is not None:
+                now = self._clock() if now is None else now
+                if deadline <= now:  # expired: not served
+                    return i
         return len(keys)
+
+    def put(
+        self,
+        keys: Sequence[bytes],
+        tokens: TokenPages | None,
+        host: PageBuffer,
+        host_pages: HostPages,
+        namespace: bytes,
+        meta: PutMeta | None = None,
+        tenant: bytes | None = None,
+    ) -> Ticket:
+        check_retention(meta)  # a bad deadline or tag is refused here, not on the writer
+        return super().put(keys, tokens, host, host_pages, namespace, meta, tenant)
+
+    def invalidate_tag(self, tag: str) -> Ticket:
+        """Remove every record of every namespace a put tagged ``tag``
+        (``PutMeta.tags``; this run's puts and earlier ones), with the tag's
+        entries, in one transaction on the writer thread after the jobs
+        queued before; result: how many records. Durable once the ticket is
+        done. The removals are announced through ``take_removed``."""
+        self._check_open()
+        ticket = FutureTicket()
+        tid = tag_key(self._store.tenant_secret, check_tag(tag))
+        self._writer.submit(TagJob(b"", ticket, tag=tid))
+        return ticket
+
+    def set_tenant_quotas(
+        self,
+        quotas: Mapping[TenantKey, ByteQuota],
+        default: ByteQuota | None = None,
+    ) -> Ticket:
+        """Replace the per-tenant byte quotas (``StorageConfig.tenant_quotas``:
+        tenant -> (limit bytes or None, floor bytes)) and, unless ``default``
+        is None, the quota of tenants not listed. Checked here (ValueError /
+        TypeError); applied on the writer thread, after the jobs queued
+        before: a tenant over its new limit has its own least recently used
+        records evicted down to it at once (announced through
+        ``take_removed``, counted as quota evictions). Result: the records
+        evicted."""
+        self._check_open()
+        checked, fallback = check_quotas(quotas, UNLIMITED if default is None else default)
+        ticket = FutureTicket()
+        kept = None if default is None else fallback  # None: the default in force then
+        self._writer.submit(QuotaJob([], ticket, quotas=checked, default=kept))
+        return ticket
+
+    def sweep_expired(self) -> Ticket:
+        """Remove the records past their retention deadline now (every write
+        already does so first; this makes one happen when nothing is
+        written). Result: how many records expired."""
+        self._check_open()
+        ticket = FutureTicket()
+        self._writer.submit(SweepJob([], ticket))
+        return ticket
 
     def scan(self) -> Iterator[RecordMeta]:
         self._check_open()
         cut = len(self._prefix)
+        now, dated = self._clock(), self._deadlines.snapshot()  # before the txn (see reader.py)
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
             cursor = txn.cursor()
             if not cursor.set_range(self._prefix):
@@ -131,6 +223,9 @@ class LmdbStorage(StorageBase):
             for key, value in cursor:
                 if bytes(key[:cut]) != self._prefix:
                     return
+                deadline = dated.get(bytes(key))
+                if deadline is not None and deadline <= now:
+                    continue  # never served: not announced either
                 meta = self.codec.read_meta(value)
                 if meta is not None and meta.key == bytes(key):
                     yield dataclasses.replace(meta, key=meta.key[cut:])
@@ -141,9 +236,11 @@ class LmdbStorage(StorageBase):
         Owner thread."""
         self._check_open()
         out: list[np.ndarray | None] = []
+        now, rkeys = self._clock(), self.record_keys(keys)
+        live = [not self._deadlines.expired(full, now) for full in rkeys]  # before the snapshot
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
-            for full in self.record_keys(keys):
-                value = txn.get(full)
+            for full, alive in zip(rkeys, live):
+                value = txn.get(full) if alive else None
                 meta = None if value is None else self.codec.read_meta(value)
                 ok = meta is not None and meta.key == full and not meta.raw
                 out.append(self.codec.read_tokens(value) if ok and value is not None else None)
@@ -158,7 +255,8 @@ class LmdbStorage(StorageBase):
 
     def tenant_stats(self) -> dict[TenantKey, TenantStorageStats]:
         """Each tenant's records, bytes, quota and counters (offload/lmdb/quotas.py),
-        keyed by tenant: every tenant with a quota set and every tenant a put
+        keyed by tenant: every tenant with a quota set (the quotas in force:
+        ``set_tenant_quotas`` changes them) and every tenant a put
         named since the store opened. (The store knows the others, records
         of earlier runs not yet put again, only by id.) Any thread."""
         totals = self._index.tenant_totals()
@@ -166,15 +264,23 @@ class LmdbStorage(StorageBase):
         counts = counters.snapshot()
         named = counters.seen()
         secret = self._store.tenant_secret
-        for tenant in self.config.tenant_quotas:
+        quotas, default = self._lmdb_writer.quota_table  # as set last (set_tenant_quotas)
+        for tenant in quotas:
             named.setdefault(tenant_id(secret, tenant), tenant)
         out: dict[TenantKey, TenantStorageStats] = {}
         for tid, tenant in named.items():
             records, nbytes = totals.get(tid, (0, 0))
             quota_evicted, dropped = counts.get(tid, (0, 0))
-            limit, floor = self.config.tenant_quota(tenant)
+            limit, floor = quotas.get(tenant, default)
             out[tenant] = TenantStorageStats(records, nbytes, limit, floor, quota_evicted, dropped)
         return out
+
+    def close(self) -> None:
+        """Stop the sweep timer, then close as every backend does (readers,
+        writer, the environment and the lock)."""
+        if self._sweeper is not None:
+            self._sweeper.close()
+        super().close()
 
     def _release(self) -> None:
         self._store.close()  # the environment, then the owner lock
@@ -198,3 +304,9 @@ class LmdbStorage(StorageBase):
             records, nbytes = totals.get(tenant, (0, 0))
             totals[tenant] = (records + 1, nbytes + size)
         assert totals == self._index.tenant_totals(), "per-tenant totals differ from a recount"
+        with self._env.begin(buffers=True) as txn:
+            expiry = {bytes(k): decode_deadline(v) for k, v in txn.cursor(db=self._store.expiry)}
+            pairs = {(bytes(t), bytes(ns)) for t, ns in txn.cursor(db=self._store.tags)}
+        assert expiry == self._deadlines.snapshot(), "deadlines in memory differ from the store's"
+        assert all(k in stored for k in expiry), "a deadline of a record not stored"
+        assert pairs == set(self._store.tag_book.pairs()), "tags in memory differ from the store's"

@@ -1,4 +1,4 @@
-"""What one LMDB write transaction does: write, remove, forget and evict records.
+"""What one LMDB write transaction does: write, remove, forget, invalidate and evict records.
 
 ``TxnBody`` holds the store's databases (``LmdbEnv``) and runs the jobs of one step
 inside one write transaction; it records what the transaction changed in a
@@ -16,6 +16,11 @@ sealed records too) through that map: the per-tenant totals after a restart
 are those before it. (The engine's namespaces each have one tenant, their
 salt; a namespace put under two tenants counts for the first.) Records of a
 namespace not in the map (written before there was one) count for None.
+
+Retention and tags (offload/lmdb/retention.py): a put writes each new
+record's deadline into ``expiry`` and its namespace's (tag, namespace) pairs
+into ``tags``; removing a record removes its deadline; forgetting a namespace
+removes its pairs; invalidating a tag forgets every namespace under it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import lmdb
 
 from radixcache.offload.lmdb.env import LmdbEnv, encode_tenant
 from radixcache.offload.lmdb.quotas import TenantCounters, TenantKey, tenant_id
+from radixcache.offload.lmdb.retention import TagJob, TagPair, encode_deadline, tag_key
 from radixcache.offload.storage import ForgetJob, PutJob
 from radixcache.offload.storage import record as rec
 
@@ -43,12 +49,15 @@ class TxnEffects:
     written: int = 0  # records written
     skipped: int = 0  # put keys found already stored
     evicted: int = 0  # records evicted for room
-    deleted: int = 0  # records removed by delete()/forget_namespace()
+    deleted: int = 0  # records removed by delete()/forget_namespace()/invalidate_tag()
+    expired: int = 0  # records removed past their retention deadline
     freed: int = 0  # bytes of the records removed (reusable two commits later)
     tagged: dict[bytes, TenantKey] = field(default_factory=dict)  # namespace tags -> tenant id, new
     untagged: set[bytes] = field(default_factory=set)  # namespace tags forgotten
     quota_evicted: dict[TenantKey, int] = field(default_factory=dict)  # evicted for a limit
     dropped_pages: dict[TenantKey, int] = field(default_factory=dict)  # put pages not written
+    deadlines: dict[bytes, float] = field(default_factory=dict)  # new records' deadlines
+    tag_changes: dict[TagPair, bool] = field(default_factory=dict)  # (tag, ns) pairs: added?
 
     def count(self, counts: dict[TenantKey, int], tenant: TenantKey, n: int = 1) -> None:
         """Add ``n`` to ``tenant``'s entry of ``counts`` (one of the dicts above)."""
@@ -67,6 +76,10 @@ class TxnBody:
         self._secret = store.tenant_secret  # the key of tenant ids
         self._counters = counters  # learns which tenant each id is
         self._index = store.index  # read here, changed by the writer after a commit
+        self._expiry = store.expiry  # record key -> deadline
+        self._tags = store.tags  # tag -> namespace tags (dupsort)
+        self._deadlines = store.deadlines  # ... in memory; changed by the writer after a commit
+        self._tag_book = store.tag_book  # namespace tag -> tags, likewise
         self._next_seq = next_seq  # write sequence number of the next record
         self._staging = bytearray(0)  # each record is built here, then put (reused)
         self._ticks = 0  # commits made only to advance LMDB's transaction id
@@ -96,6 +109,9 @@ class TxnBody:
         host_bytes = job.host.as_bytes()
         gone = set(effects.dropped)
         tenant = self._tenant(txn, job, effects)
+        deadline = None if job.meta is None else job.meta.expires_at
+        if job.meta is not None and job.meta.tags:
+            self._tag(txn, job.ns_tag, job.meta.tags, effects)
         for i, rkey in enumerate(job.keys):
             if rkey in effects.added or (rkey in self._index and rkey not in gone):
                 effects.touched.append(rkey)
@@ -114,6 +130,9 @@ class TxnBody:
             self._next_seq += 1
             if txn.put(rkey, value, overwrite=False, db=self._pages):  # LMDB copies it
                 txn.put(job.ns_tag, rkey, db=self._ns)
+                if deadline is not None:
+                    txn.put(rkey, encode_deadline(deadline), db=self._expiry)
+                    effects.deadlines[rkey] = deadline
                 effects.added[rkey] = (len(value), tenant)
                 effects.written += 1
                 budget -= len(value)
@@ -140,17 +159,46 @@ class TxnBody:
         effects.tagged[tag] = tid
         return tid
 
+    def _tag(self, txn: Txn, ns_tag: bytes, tags: tuple[str, ...], effects: TxnEffects) -> None:
+        """List namespace ``ns_tag`` under each of ``tags`` (pairs already listed are kept)."""
+        for tag in tags:
+            pair = (tag_key(self._secret, tag), ns_tag)
+            listed = effects.tag_changes.get(pair)
+            if listed or (listed is None and self._tag_book.has(pair)):
+                continue
+            txn.put(pair[0], ns_tag, db=self._tags)
+            effects.tag_changes[pair] = True
+
     def forget(self, txn: Txn, job: ForgetJob, effects: TxnEffects) -> None:
-        """Remove every record indexed under the job's namespace tag, and the index entry."""
-        cursor = txn.cursor(db=self._ns)
-        rkeys = [bytes(v) for v in cursor.iternext_dup()] if cursor.set_key(job.ns_tag) else []
-        for rkey in rkeys:
-            job.result += self.remove(txn, rkey, effects)
-        txn.delete(job.ns_tag, db=self._ns)  # any entry left whose record was gone
-        txn.delete(job.ns_tag, db=self._tenants)
-        effects.tagged.pop(job.ns_tag, None)
-        effects.untagged.add(job.ns_tag)
+        """Remove every record of the job's namespace (a ``TagJob``: of every
+        namespace listed under its tag, and the tag's entries)."""
+        if isinstance(job, TagJob):
+            cursor = txn.cursor(db=self._tags)
+            found = cursor.set_key(job.tag)
+            namespaces = [bytes(v) for v in cursor.iternext_dup()] if found else []
+            for ns_tag in namespaces:
+                job.result += self._forget(txn, ns_tag, effects)
+            txn.delete(job.tag, db=self._tags)  # any entry left
+        else:
+            job.result += self._forget(txn, job.ns_tag, effects)
         effects.deleted += job.result
+
+    def _forget(self, txn: Txn, ns_tag: bytes, effects: TxnEffects) -> int:
+        """Remove every record indexed under ``ns_tag``, its index entry, its
+        tenant and its tags; returns the records removed."""
+        cursor = txn.cursor(db=self._ns)
+        rkeys = [bytes(v) for v in cursor.iternext_dup()] if cursor.set_key(ns_tag) else []
+        removed = sum(self.remove(txn, rkey, effects) for rkey in rkeys)
+        txn.delete(ns_tag, db=self._ns)  # any entry left whose record was gone
+        txn.delete(ns_tag, db=self._tenants)
+        effects.tagged.pop(ns_tag, None)
+        effects.untagged.add(ns_tag)
+        tags = self._tag_book.tags_of(ns_tag)
+        tags.update(t for (t, ns), listed in effects.tag_changes.items() if ns == ns_tag and listed)
+        for tag in tags:
+            txn.delete(tag, ns_tag, db=self._tags)
+            effects.tag_changes[(tag, ns_tag)] = False
+        return removed
 
     def remove(self, txn: Txn, rkey: bytes, effects: TxnEffects) -> bool:
         """Delete one record and its namespace entry; False if it did not exist."""
@@ -164,6 +212,8 @@ class TxnBody:
         txn.delete(rkey, db=self._pages)
         if tag is not None:
             txn.delete(tag, rkey, db=self._ns)
+        if effects.deadlines.pop(rkey, None) is not None or self._deadlines.at(rkey) is not None:
+            txn.delete(rkey, db=self._expiry)
         effects.removed.append(rkey)
         return True
 

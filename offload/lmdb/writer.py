@@ -26,18 +26,26 @@ least recently used records; then capacity eviction (least recently used
 over every tenant) skips what would take a tenant below its floor; pages
 that still do not fit are not written (dropped, counted per tenant). Every
 eviction is a removal like any other: published after the commit.
+
+Retention (offload/lmdb/retention.py): every step first removes the records
+whose deadline is at or before the store's clock (the sweep, earliest first,
+at most ``SWEEP_MAX`` a step: the rest in the steps after), in the same
+transaction; a put whose own deadline has passed writes nothing. Quota
+changes (``QuotaJob``) run between steps, in queue order: a step ends before
+one, and a lowered limit evicts the tenant's own oldest records at once.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 import lmdb
 
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.env import LmdbEnv
-from radixcache.offload.lmdb.quotas import ByteQuota, TenantCounters, TenantKey
+from radixcache.offload.lmdb.quotas import UNLIMITED, ByteQuota, TenantCounters, TenantKey
+from radixcache.offload.lmdb.retention import QuotaJob, SweepJob
 from radixcache.offload.lmdb.space import DiskReserve, disk_room, grow_map, preallocate
 from radixcache.offload.lmdb.txn import Txn, TxnBody, TxnEffects
 from radixcache.offload.storage import (
@@ -51,6 +59,7 @@ from radixcache.offload.storage import (
 )
 
 _MAP_FULL_RETRIES = 4  # evict-and-retry rounds when the LMDB map is full
+SWEEP_MAX = 4096  # expired records one step removes at most
 
 
 class LmdbWriter(JobWriter):
@@ -78,13 +87,15 @@ class LmdbWriter(JobWriter):
         self._reserve = DiskReserve(config.disk_reserve_bytes, config.disk_reserve_ratio)
         self._prefix = prefix
         self._capacity = config.capacity_bytes
-        # Quotas by tenant id (the index's tenants): id -> (limit or None, floor).
-        self._quotas = {self._body.tenant_id(t): q for t, q in config.tenant_quotas.items()}
-        self._default_quota = config.tenant_quota_default
-        floors = self._default_quota[1] or any(f for _l, f in self._quotas.values())
-        self._floor: Callable[[TenantKey], int] | None = (
-            (lambda tid: self._quota(tid)[1]) if floors else None
-        )  # None: no floors (capacity eviction need not look at tenants)
+        self._deadlines = store.deadlines  # record key -> retention deadline, as committed
+        self._tag_book = store.tag_book  # namespace tag -> tags, as committed
+        self._clock = config.clock  # what deadlines are compared with
+        self.sweep_asked = False  # a SweepJob is queued (readers ask for one at most once)
+        self._quotas: dict[TenantKey, ByteQuota] = {}  # tenant id -> (limit or None, floor)
+        self._default_quota: ByteQuota = config.tenant_quota_default
+        self._floor: Callable[[TenantKey], int] | None = None  # None: no floors
+        self.quota_table: tuple[Mapping[TenantKey, ByteQuota], ByteQuota] = ({}, UNLIMITED)
+        self._use_quotas(config.tenant_quotas, config.tenant_quota_default)
         self._tag_tenant = store.tag_tenant  # namespace tag -> tenant id, as committed
         self._last_freed = 0  # bytes the last commit freed: not reusable by the next one
         self._data_fd = os.open(os.path.join(self._path, "data.mdb"), os.O_RDWR)  # preallocate()
@@ -102,9 +113,58 @@ class LmdbWriter(JobWriter):
         """(limit bytes or None, floor bytes) of the tenant of id ``tid``."""
         return self._quotas.get(tid, self._default_quota)
 
+    def _use_quotas(self, quotas: Mapping[TenantKey, ByteQuota], default: ByteQuota) -> None:
+        """Enforce ``quotas`` (tenant -> quota, checked) and ``default`` from now on."""
+        self._quotas = {self._body.tenant_id(t): q for t, q in quotas.items()}
+        self._default_quota = default
+        floors = default[1] or any(f for _l, f in self._quotas.values())
+        self._floor = (lambda tid: self._quota(tid)[1]) if floors else None
+        self.quota_table = (dict(quotas), default)  # read by tenant_stats on any thread
+
+    def ask_sweep(self) -> None:
+        """Queue a sweep of expired records unless one is queued (any thread)."""
+        if not self.sweep_asked:
+            self.sweep_asked = True
+            self.submit(SweepJob([], None))
+
     def _run_batch(self, batch: list[WriteJob]) -> None:
+        start = 0
+        for i, job in enumerate(batch):  # a quota change ends a step, and runs alone
+            if isinstance(job, QuotaJob):
+                if start < i:
+                    self._run_step(batch[start:i])
+                self._set_quotas(job)
+                start = i + 1
+        if start < len(batch):
+            self._run_step(batch[start:])
+
+    def _run_step(self, batch: list[WriteJob]) -> None:
         effects = self._commit_making_room(batch)
         self._publish(effects, batch)
+
+    def _set_quotas(self, job: QuotaJob) -> None:
+        """Enforce the job's quotas; evict each tenant's own oldest records
+        down to its new limit, in one transaction. Result: records evicted."""
+        self._use_quotas(job.quotas, self._default_quota if job.default is None else job.default)
+        victims: list[tuple[bytes, TenantKey]] = []
+        for tid, (_records, nbytes) in self._index.tenant_totals().items():
+            limit = self._quota(tid)[0]
+            if limit is not None and nbytes > limit:
+                victims += [(key, tid) for key, _s in self._index.oldest_of(tid, nbytes - limit, ())]
+
+        def evict(txn: Txn) -> TxnEffects:
+            effects = TxnEffects()
+            for rkey, tid in victims:
+                if self._body.remove(txn, rkey, effects):
+                    effects.evicted += 1
+                    effects.count(effects.quota_evicted, tid)
+            job.result = effects.evicted
+            return effects
+
+        if victims:
+            self._publish(self._write_growing(evict), [job])
+        elif job.ticket is not None:
+            job.ticket.finish(0)
 
     def _publish(self, effects: TxnEffects, batch: list[WriteJob]) -> None:
         """Make a committed transaction visible (see the order in the module doc)."""
@@ -113,6 +173,9 @@ class LmdbWriter(JobWriter):
             self._tag_tenant.pop(tag, None)
         self._tag_tenant.update(effects.tagged)
         self._index.apply(effects.added, effects.dropped)
+        self._deadlines.apply(effects.deadlines, effects.dropped)
+        if effects.tag_changes:
+            self._tag_book.apply(effects.tag_changes)
         if effects.quota_evicted or effects.dropped_pages:
             self.tenant_counters.add(effects.quota_evicted, effects.dropped_pages)
         if effects.touched:
@@ -122,6 +185,7 @@ class LmdbWriter(JobWriter):
             put_skipped=effects.skipped,
             write_txns=1,
             evicted=effects.evicted,
+            expired=effects.expired,
             deleted=effects.deleted,
         )
         for job in batch:
@@ -218,21 +282,38 @@ class LmdbWriter(JobWriter):
 
     def _commit(self, batch: list[WriteJob]) -> TxnEffects:
         """Run ``batch`` in one write transaction, evicting for tenant limits
-        and for capacity first (see the module docstring); commit."""
+        and for capacity first, after the sweep of expired records (see the
+        module docstring); commit."""
         effects = TxnEffects()
         for job in batch:
             job.result = 0
-        keep = _put_keys(batch)
-        own, limits = self._limit_victims(batch, keep)
+        now = self._clock()
+        self.sweep_asked = False  # this step sweeps
+        index = self._index
+        due = [(k, index.tenant_of(k), index.size_of(k))
+               for k in self._deadlines.due(now, SWEEP_MAX) if k in index]  # fmt: skip
+        if len(due) == SWEEP_MAX:
+            self.ask_sweep()  # the rest in the next step
+        expired = {key for key, _t, _s in due}
+        expiring: dict[TenantKey, int] = {}  # bytes the sweep frees, per tenant
+        for _key, tenant, size in due:
+            expiring[tenant] = expiring.get(tenant, 0) + size
+        floor = self._floor
+        if floor is not None and expiring:  # floors count what stays after the sweep
+            floor = lambda t, f=floor: f(t) + expiring.get(t, 0)  # noqa: E731
+        live = [job for job in batch if not (isinstance(job, PutJob) and _lapsed(job, now))]
+        keep = _put_keys(live)
+        own, limits = self._limit_victims(live, keep, expired, expiring)
         incoming = sum(
-            min(n, limits[t]) if t in limits else n for t, n in self._incoming_by_tenant(batch).items()
+            min(n, limits[t]) if t in limits else n
+            for t, n in self._incoming_by_tenant(live, expired).items()
         )
-        own_freed = sum(size for _k, _t, size in own)
-        excess = self._index.nbytes - own_freed + incoming - self._capacity
-        skip = keep | {key for key, _t, _s in own}
+        gone = sum(size for _k, _t, size in own) + sum(size for _k, _t, size in due)
+        excess = self._index.nbytes - gone + incoming - self._capacity
+        skip = keep | expired | {key for key, _t, _s in own}
         victims = [
             (key, self._index.tenant_of(key), size)
-            for key, size in (self._index.oldest(excess, skip, self._floor) if excess > 0 else [])
+            for key, size in (self._index.oldest(excess, skip, floor) if excess > 0 else [])
         ]
         for _key, tenant, size in victims:
             if tenant in limits:
@@ -241,6 +322,9 @@ class LmdbWriter(JobWriter):
         txn = self._env.begin(write=True, buffers=True)
         try:
             freed = 0
+            for rkey, _tenant, size in due:
+                effects.expired += body.remove(txn, rkey, effects)
+                freed += size
             for rkey, tenant, size in own:
                 if body.remove(txn, rkey, effects):
                     effects.evicted += 1
@@ -251,7 +335,7 @@ class LmdbWriter(JobWriter):
                     effects.evicted += 1
                 freed += size
             budget = self._capacity - (self._index.nbytes - freed)
-            for job in batch:
+            for job in live:
                 if isinstance(job, PutJob):
                     budget = body.put(txn, job, effects, budget, limits)
                 elif isinstance(job, DeleteJob):
@@ -265,40 +349,58 @@ class LmdbWriter(JobWriter):
             txn.abort()
             raise
         txn.commit()
+        for job in batch:
+            if isinstance(job, SweepJob):
+                job.result = effects.expired
         return effects
 
     def _limit_victims(
-        self, batch: list[WriteJob], keep: set[bytes]
+        self,
+        batch: list[WriteJob],
+        keep: set[bytes],
+        expired: set[bytes],
+        expiring: Mapping[TenantKey, int],
     ) -> tuple[list[tuple[bytes, TenantKey, int]], dict[TenantKey, int]]:
         """For each tenant with a limit that the batch's puts would take over
         it: its own least recently used records to evict (key, tenant, size);
-        and for each tenant with a limit, the bytes it may then add."""
+        and for each tenant with a limit, the bytes it may then add.
+        ``expired``: the records the step's sweep removes; ``expiring``:
+        their bytes per tenant."""
         own: list[tuple[bytes, TenantKey, int]] = []
         limits: dict[TenantKey, int] = {}
-        for tenant, incoming in self._incoming_by_tenant(batch).items():
+        skip = keep | expired
+        for tenant, incoming in self._incoming_by_tenant(batch, expired).items():
             limit = self._quota(tenant)[0]
             if limit is None:
                 continue
-            held = self._index.tenant_bytes(tenant)
+            held = self._index.tenant_bytes(tenant) - expiring.get(tenant, 0)
             over = held + incoming - limit
-            for key, size in self._index.oldest_of(tenant, over, keep) if over > 0 else []:
+            for key, size in self._index.oldest_of(tenant, over, skip) if over > 0 else []:
                 own.append((key, tenant, size))
                 held -= size
             limits[tenant] = max(0, limit - held)
         return own, limits
 
-    def _incoming_by_tenant(self, batch: list[WriteJob]) -> dict[TenantKey, int]:
-        """Bytes of the records a batch would add (keys not stored yet), per tenant."""
+    def _incoming_by_tenant(
+        self, batch: list[WriteJob], gone: Collection[bytes] = ()
+    ) -> dict[TenantKey, int]:
+        """Bytes of the records a batch would add (keys not stored yet, or
+        in ``gone``: removed first), per tenant."""
         seen: set[bytes] = set()
         totals: dict[TenantKey, int] = {}
         for job in batch:
             if isinstance(job, PutJob):
                 tenant = self._body.tenant_of(job)
                 for i, rkey in enumerate(job.keys):
-                    if rkey not in self._index and rkey not in seen:
+                    if (rkey not in self._index or rkey in gone) and rkey not in seen:
                         seen.add(rkey)
                         totals[tenant] = totals.get(tenant, 0) + job.record_bytes(i)
         return totals
+
+
+def _lapsed(job: PutJob, now: float) -> bool:
+    """True if the put's retention deadline is already past: it writes nothing."""
+    return job.meta is not None and job.meta.expires_at is not None and job.meta.expires_at <= now
 
 
 def _put_bytes(batch: list[WriteJob]) -> int:

@@ -16,7 +16,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from radixcache.offload.storage.contract import MAX_KEY_BYTES, HostPages, PageBuffer, TokenPages
+from radixcache.offload.storage.contract import (
+    MAX_KEY_BYTES,
+    HostPages,
+    PageBuffer,
+    PutMeta,
+    TokenPages,
+)
 from radixcache.transfer.layout import KVSpec
 
 
@@ -122,3 +128,41 @@ def check_pages(
     if n and (int(toks.min()) < -(2**31) or int(toks.max()) >= 2**31):
         raise ValueError("token ids must fit in int32")
     return toks.astype(np.int32), pages.astype(np.int32)
+
+
+MAX_TAG_CHARS = 128  # characters of one tag (PutMeta.tags, invalidate_tag)
+
+
+def check_tag(tag: object, what: str = "tag") -> str:
+    """``tag`` if it is 1-128 printable ASCII characters without spaces (a
+    store keeps tags as keys); else TypeError / ValueError naming ``what``."""
+    if type(tag) is not str:
+        raise TypeError(f"{what} must be a str, got {type(tag).__name__}")
+    printable = tag.isascii() and tag.isprintable() and " " not in tag
+    if not 0 < len(tag) <= MAX_TAG_CHARS or not printable:
+        shown = tag if len(tag) <= 40 else tag[:40] + "..."
+        raise ValueError(
+            f"{what} must be 1-{MAX_TAG_CHARS} printable ASCII characters without spaces, "
+            f"got {shown!r} ({len(tag)} characters)"
+        )
+    return tag
+
+
+def check_retention(meta: PutMeta | None) -> None:
+    """Refuse a ``PutMeta`` whose ``expires_at`` is not None or a finite
+    number of seconds, or whose ``tags`` is not a tuple of valid tags."""
+    if meta is None:
+        return
+    deadline = meta.expires_at
+    if deadline is not None and (
+        not isinstance(deadline, (int, float))
+        or isinstance(deadline, bool)
+        or not math.isfinite(deadline)
+    ):
+        raise ValueError(
+            f"meta.expires_at must be None or a finite number of seconds, got {deadline!r}"
+        )
+    if type(meta.tags) is not tuple:
+        raise TypeError(f"meta.tags must be a tuple of str, got {type(meta.tags).__name__}")
+    for i, tag in enumerate(meta.tags):
+        check_tag(tag, f"meta.tags[{i}]")

@@ -24,7 +24,8 @@ class StorageStats:
     corrupt: int  # records that failed a checksum or token check (deleted)
     decrypt_failures: int  # records read that could not be authenticated (offload/storage/crypt)
     evicted: int  # records evicted, least recently used first, to make room
-    deleted: int  # records removed by delete() or forget_namespace()
+    expired: int  # records removed past their retention deadline (PutMeta.expires_at)
+    deleted: int  # records removed by delete(), forget_namespace() or invalidate_tag()
     puts: int  # pages written
     put_skipped: int  # pages a put found already stored (not rewritten)
     write_txns: int  # committed write transactions
@@ -43,6 +44,7 @@ class Counters:
         "corrupt",
         "decrypt_failures",
         "evicted",
+        "expired",
         "deleted",
         "puts",
         "put_skipped",

@@ -117,6 +117,8 @@ def collect(
                 ("storage_bytes", "gauge", "Bytes of stored records", {}, st.stored_bytes),
                 ("storage_corrupt", "counter", "Records that failed verification (deleted)", {},
                  st.corrupt),
+                ("storage_expired", "counter",
+                 "Records removed past their retention deadline", {}, st.expired),
                 ("storage_decrypt_failures", "counter",
                  "Records read that could not be authenticated (wrong key, tampered, another "
                  "tenant's): misses", {}, st.decrypt_failures),
