@@ -143,6 +143,12 @@ class LmdbStorage(StorageBase):
         n = len(self._prefix)
         return [k[n:] for k in self._index.keys() if k[:n] == self._prefix]
 
+    def deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        """The retention deadline each page key's record was written with
+        (None: none, or not stored); the cache dates pages it reads back by them."""
+        self._check_open()
+        return [self._deadlines.at(rkey) for rkey in self.record_keys(keys)]
+
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
         self._check_open()
         prefix, index, deadlines = self._prefix, self._index, self._deadlines

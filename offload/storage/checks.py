@@ -65,24 +65,6 @@ def check_namespace(namespace: object) -> bytes:
     return namespace
 
 
-MAX_TAG_CHARS = 128  # characters of a namespace tag (``PutMeta.tags``, ``invalidate_tag``)
-
-
-def check_tag(tag: object) -> str:
-    """``tag`` if it is 1 to ``MAX_TAG_CHARS`` printable ASCII characters
-    without spaces (the rule ``Namespace.tags`` follows); else TypeError /
-    ValueError naming the problem."""
-    if not isinstance(tag, str):
-        raise TypeError(f"a tag must be a str, got {type(tag).__name__}")
-    if not 0 < len(tag) <= MAX_TAG_CHARS or not tag.isascii() or not tag.isprintable() or " " in tag:
-        shown = tag if len(tag) <= 40 else tag[:40] + "..."
-        raise ValueError(
-            f"a tag must be 1-{MAX_TAG_CHARS} printable ASCII characters without spaces, "
-            f"got {shown!r} ({len(tag)} characters)"
-        )
-    return tag
-
-
 def check_tenant(tenant: object) -> bytes | None:
     """``tenant`` if it is bytes (a namespace's cache salt, encoded) or None
     (the default tenant); else TypeError. Never shown in a message."""

@@ -205,6 +205,7 @@ class PageStore:
                 key_env=config.key_env,
                 tenant_quotas=byte_quotas,
                 tenant_quota_default=(None, 0) if byte_default is None else byte_default,
+                clock=clock,
             ),
             raw_spec(config.page_bytes),
             config.fingerprint(),

@@ -194,12 +194,6 @@ def test_the_deadline_reaches_the_lmdb_store_and_the_pages_read_back(tmp_path: P
 
 
 # -- what the LMDB store does with them (its retention, tags and run-time quotas) --
-needs_lmdb_retention = pytest.mark.skipif(
-    not hasattr(LmdbStorage, "set_tenant_quotas") or not hasattr(LmdbStorage, "invalidate_tag"),
-    reason="this LmdbStorage keeps no deadlines or tags and takes no run-time quotas")
-
-
-@needs_lmdb_retention
 def test_lmdb_serves_no_page_past_the_deadline_its_put_carried(tmp_path: Path) -> None:
     """Deadlines from PageStore's clock, compared by the store with the
     wall clock: one already past (never served) and one a day away."""
@@ -220,7 +214,6 @@ def test_lmdb_serves_no_page_past_the_deadline_its_put_carried(tmp_path: Path) -
         store.close()
 
 
-@needs_lmdb_retention
 def test_lmdb_takes_a_lowered_byte_limit_at_run_time(tmp_path: Path) -> None:
     store = PageStore(config(tmp_path))
     src = pages(4, seed=5)
@@ -238,7 +231,6 @@ def test_lmdb_takes_a_lowered_byte_limit_at_run_time(tmp_path: Path) -> None:
         store.close()
 
 
-@needs_lmdb_retention
 def test_lmdb_invalidates_the_pages_of_a_tag(tmp_path: Path) -> None:
     store = PageStore(config(tmp_path))
     tagged = Namespace(salt="acme", tags=("model:v3",))

@@ -211,3 +211,60 @@ def test_a_bad_tag_is_refused_and_changes_nothing(bad: object) -> None:
     with pytest.raises((TypeError, ValueError), match="tags"):
         Namespace("a", tags=(bad,))  # type: ignore[arg-type]
     assert hit(cache, Namespace("a"), prompt(1, 2)) == 8
+
+
+def _lmdb_cache(path: object, clock: Clock, quotas: object) -> RadixCache:
+    from radixcache.offload import StorageConfig
+
+    spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=P)
+    tiers = TierConfig(host=HostPoolConfig(pages=16), write_policy="write_through",
+                       prefetch_policy="wait_complete", model_id="retention",
+                       storage=StorageConfig(path=path, capacity_bytes=1 << 20, clock=clock))  # type: ignore[arg-type]
+    return RadixCache(CacheConfig(spec=spec, device_pages=16, tiers=tiers, quotas=quotas,  # type: ignore[arg-type]
+                                  record_events=True), clock=clock)
+
+
+def test_pages_read_back_from_lmdb_keep_their_records_deadline(tmp_path: object) -> None:
+    """A page stored at t0 with a 10 s TTL and read back from LMDB at t0+8
+    (after a restart) is not served at t0+10 from the device or host copy the
+    read made: it is dated by its record's deadline, not by the read."""
+    clock = Clock()
+    t0 = clock.t
+    cache = _lmdb_cache(tmp_path, clock, {"a": TenantQuota(ttl_s=10)})
+    serve(cache, A, prompt(1, 3))
+    cache.drain()
+    assert cache.tier_stats().storage.records == 3  # type: ignore[union-attr]
+    cache.close()
+    clock.t = t0 + 8
+    cache = _lmdb_cache(tmp_path, clock, {"a": TenantQuota(ttl_s=10)})
+    req = cache.admit(prompt(1, 3), A)
+    assert req.cached_len == 12  # from storage, 8 s into its life
+    cache.reserve(req, 1)
+    cache.release(req)
+    cache.drain()
+    assert hit(cache, A, prompt(1, 3)) == 12  # now on the device
+    clock.t = t0 + 10
+    assert hit(cache, A, prompt(1, 3)) == 0  # neither the copies nor the record
+    sweep = cache.tiers.storage.sweep_expired()  # type: ignore[attr-defined]
+    assert sweep.wait(10) and sweep.result() == 3  # the records went too
+    assert cache.tier_stats().storage.expired == 3  # type: ignore[union-attr]
+    cache.close()
+
+
+def test_invalidate_reaches_records_an_earlier_process_stored(tmp_path: object) -> None:
+    """After a restart the cache has never seen the namespace: storage's tag
+    index still finds its records, and a store reopened after it serves none."""
+    clock = Clock()
+    ns = Namespace("a", tags=("model:v3",))
+    cache = _lmdb_cache(tmp_path, clock, None)
+    serve(cache, ns, prompt(1, 3))
+    serve(cache, B, prompt(1, 3))
+    cache.drain()
+    cache.close()
+    cache = _lmdb_cache(tmp_path, clock, None)
+    cache.invalidate("model:v3")
+    cache.close()
+    cache = _lmdb_cache(tmp_path, clock, None)
+    assert hit(cache, Namespace("a"), prompt(1, 3)) == 0
+    assert hit(cache, B, prompt(1, 3)) == 12  # untagged: still there
+    cache.close()

@@ -99,7 +99,7 @@ class TieredMachine(RuleBasedStateMachine):
             prefetch_policy="wait_complete",
             storage=StorageConfig(
                 path=Path(self._dir.name) / "s", capacity_bytes=6 * record, durability="fast",
-                key_file=str(keys) if self.sealed else None,
+                key_file=str(keys) if self.sealed else None, clock=self.clock,
             ),
             model_id="property",
         )
