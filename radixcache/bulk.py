@@ -18,7 +18,8 @@ from radixcache.errors import RequestStateError
 from radixcache.events.types import DISK
 from radixcache.namespace import Namespace, check_tag
 from radixcache.request import Request
-from radixcache.tenants.ledger import TenantLedger
+from radixcache.tenants.ledger import StorageShare, TenantLedger
+from radixcache.tenants.quota import TenantKey
 from radixcache.tenants.retention import Retention
 from radixcache.tenants.tags import TagBook
 from radixcache.tiers.contract import Tiers
@@ -83,6 +84,22 @@ class CacheBulk:
         except Exception:  # never raised into the runner: the store keeps its quotas
             log.exception("the storage tier refused the new byte quotas; it keeps its own")
 
+    def storage_shares(self) -> dict[TenantKey, StorageShare]:
+        """Each tenant's share of the storage tier, where the store counts per
+        tenant (``tenant_stats``); {} without one, or if it cannot be read."""
+        storage = getattr(self.tiers, "storage", None)
+        read = getattr(storage, "tenant_stats", None)
+        if read is None:
+            return {}
+        try:
+            stats = read()
+        except Exception:  # a pool that is down: no figures this time
+            log.warning("the storage tier's per-tenant figures could not be read", exc_info=True)
+            return {}
+        medium = str(getattr(storage, "medium", ""))
+        return {key: StorageShare(medium, s.stored_bytes, s.quota_evicted, s.dropped_pages)
+                for key, s in stats.items()}
+
     def date_fetched(self, node: Node, keys: list[bytes]) -> None:
         """Pages read back from storage are dated by their records' deadlines."""
         assert self.retention is not None
@@ -126,9 +143,13 @@ class CacheBulk:
         result = self.tree.removal.forget(namespace)
         if result.device_page_ids.size:
             self.pool.free(result.device_page_ids)
-        if invalidated and self.ledger is not None:
+        if self.ledger is not None:
             went = int(result.device_page_ids.size) + result.pending_pages
-            self.ledger.counters_of(namespace).invalidated_pages += went
+            counters = self.ledger.counters_of(namespace)
+            if invalidated:
+                counters.invalidated_pages += went
+            else:
+                counters.forgotten_pages += went
         self.tiers.forget(namespace)
         return result.pending_pages
 

@@ -94,7 +94,8 @@ class RadixCache(BulkCalls):
         self._tags = TagBook()  # namespaces by tag, for invalidate()
         self._bulk = CacheBulk(self.tree, self.pool, self.tiers, self._live, self._forgets,
                                self._tags, built.retention, ledger)
-        self.tenants = Tenants(self._gate, self._check_open, self._bulk.sync_storage_quotas)
+        self.tenants = Tenants(self._gate, self._check_open, self._bulk.sync_storage_quotas,
+                               self._bulk.storage_shares)
         self._retention = self._gate.retention = built.retention
         self._recorder = built.recorder
         self._refusal: str | None = None  # why every call is refused (closed, forked); None: open

@@ -44,7 +44,7 @@ import heapq
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from radixcache.tenants.ledger import TenantCounters, TenantStats
+from radixcache.tenants.ledger import StorageShare, TenantCounters, TenantStats
 
 OTHER: Final = "other"  # the tenant label of the sum of every tenant without one
 DEFAULT_TENANT_LABELS: Final = 20  # tenants with a label of their own, by default
@@ -54,8 +54,12 @@ Labels = dict[str, str]
 Sample = tuple[str, str, str, Labels, float]  # the metrics' Sample, without histograms
 
 _HITS = "Prompt tokens of the tenant found cached at admission, per tier (lower: host or storage)"
-_EVICTED = ("Pages of the tenant evicted, per tier and cause (own_quota: to keep it within "
-            "its limit; pressure: to make room for any tenant's request)")
+_EVICTED = ("Pages of the tenant removed, per tier and cause (own_quota: to keep it within "
+            "its limit; pressure: to make room for any tenant's request; ttl: past its "
+            "retention, device and host pages together; invalidation: invalidate(tag); "
+            "forget: forget_namespace)")
+_BYTES = ("Bytes the tenant's cached pages hold now, per tier (device, host: pages x page "
+          "bytes; storage: its records' or values' bytes, as the store counts them)")
 _DROPPED = "Pages of the tenant not cached because it was at its limit, per tier"
 
 # (series, labels besides tenant, help, value of one tenant's counters), counters only.
@@ -75,13 +79,31 @@ COUNTERS: tuple[tuple[str, Labels, str, Callable[[TenantCounters], int]], ...] =
      lambda c: c.host_own_evicted_pages),
     ("tenant_evicted_pages", {"tier": "host", "cause": "pressure"}, _EVICTED,
      lambda c: c.host_pressure_evicted_pages),
+    ("tenant_evicted_pages", {"tier": "device_host", "cause": "ttl"}, _EVICTED,
+     lambda c: c.expired_pages),
+    ("tenant_evicted_pages", {"tier": "device", "cause": "invalidation"}, _EVICTED,
+     lambda c: c.invalidated_pages),
+    ("tenant_evicted_pages", {"tier": "device", "cause": "forget"}, _EVICTED,
+     lambda c: c.forgotten_pages),
     ("tenant_dropped_pages", {"tier": "device"}, _DROPPED, lambda c: c.dropped_pages),
     ("tenant_dropped_pages", {"tier": "host"}, _DROPPED, lambda c: c.host_dropped_pages),
 )
+# From the storage tier's own per-tenant figures (``TenantStats.storage``): counters
+# since the store opened, under tier="storage".
+STORAGE_COUNTERS: tuple[tuple[str, Labels, str, Callable[[StorageShare], int]], ...] = (
+    ("tenant_evicted_pages", {"tier": "storage", "cause": "own_quota"}, _EVICTED,
+     lambda s: s.quota_evicted),
+    ("tenant_dropped_pages", {"tier": "storage"}, _DROPPED, lambda s: s.dropped_pages),
+)
 
 
-def _counts(c: TenantCounters) -> tuple[int, ...]:
-    return tuple(value(c) for _n, _l, _h, value in COUNTERS)
+NO_SHARE: Final = StorageShare("", 0, 0, 0)
+
+
+def _counts(t: TenantStats) -> tuple[int, ...]:
+    share = t.storage or NO_SHARE
+    return (*(value(t.counters) for _n, _l, _h, value in COUNTERS),
+            *(value(share) for _n, _l, _h, value in STORAGE_COUNTERS))
 
 
 class TenantSeries:
@@ -96,7 +118,7 @@ class TenantSeries:
         self.max_labels = max_labels
         self.labelled: set[str] = set()  # tenants with a label of their own now
         self._last: dict[str, tuple[int, ...]] = {}  # each tenant's counters at the last call
-        self._other = [0] * len(COUNTERS)  # the running sums of the ``other`` counters
+        self._other = [0] * (len(COUNTERS) + len(STORAGE_COUNTERS))  # ``other``'s running sums
 
     def choose(self, stats: Mapping[str, TenantStats]) -> set[str]:
         """Update and return the tenants with a label of their own (the
@@ -124,7 +146,7 @@ class TenantSeries:
         """The per-tenant samples now: counters, then pages and bytes held."""
         labelled = self.choose(stats)
         other = self._other
-        counts = {name: _counts(s.counters) for name, s in stats.items()}
+        counts = {name: _counts(s) for name, s in stats.items()}
         for name, now in counts.items():
             if name not in labelled:
                 last = self._last.get(name)
@@ -133,7 +155,7 @@ class TenantSeries:
             self._last[name] = now
         names = sorted(labelled)
         out: list[Sample] = []
-        for i, (series, labels, text, _value) in enumerate(COUNTERS):
+        for i, (series, labels, text, _value) in enumerate((*COUNTERS, *STORAGE_COUNTERS)):
             for name in names:
                 out.append((series, "counter", text, {"tenant": name, **labels},
                             float(counts[name][i])))
@@ -147,9 +169,15 @@ class TenantSeries:
                 out.append(("tenant_cached_pages", "gauge",
                             "Pages the tenant's cached prefixes hold now, per tier", labels,
                             float(held_now)))
-                out.append(("tenant_cached_bytes", "gauge",
-                            "Bytes the tenant's cached pages hold now, per tier (pages x page "
-                            "bytes)", labels, float(held_now * page_bytes)))
+                out.append(("tenant_cached_bytes", "gauge", _BYTES, labels,
+                            float(held_now * page_bytes)))
+        stored = {n: (s.storage.stored_bytes if s.storage is not None else 0)
+                  for n, s in stats.items()}
+        if any(s.storage is not None for s in stats.values()):
+            rest = sum(b for n, b in stored.items() if n not in labelled)
+            for name, nbytes in [*((n, stored[n]) for n in names), (OTHER, rest)]:
+                out.append(("tenant_cached_bytes", "gauge", _BYTES,
+                            {"tenant": name, "tier": "storage"}, float(nbytes)))
         out.append(("tenants_in_other", "gauge", f"Tenants summed under tenant={OTHER!r}", {},
                     float(len(stats) - len(labelled))))
         return out

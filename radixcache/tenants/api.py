@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from radixcache.tenants.gate import TenantGate
-from radixcache.tenants.ledger import TenantStats
-from radixcache.tenants.quota import QuotaBook, Salt, TenantQuota, tenant_key
+from radixcache.tenants.ledger import StorageShare, TenantCounters, TenantStats
+from radixcache.tenants.quota import QuotaBook, Salt, TenantKey, TenantQuota, tenant_key, tenant_label
 
 
 class Tenants:
@@ -14,10 +15,12 @@ class Tenants:
     cache; every call raises CacheClosedError after the cache's ``close()``)."""
 
     def __init__(self, gate: TenantGate, check_open: Callable[[], None],
-                 changed: Callable[[], None] = lambda: None) -> None:
+                 changed: Callable[[], None] = lambda: None,
+                 storage: Callable[[], dict[TenantKey, StorageShare]] = dict) -> None:
         self._gate = gate
         self._check_open = check_open
         self._changed = changed  # the storage tier takes the byte quotas again
+        self._storage = storage  # the storage tier's per-tenant figures
 
     @property
     def quotas_on(self) -> bool:
@@ -72,6 +75,15 @@ class Tenants:
 
     def stats(self) -> dict[str, TenantStats]:
         """Per tenant (named as events name its salt; ``(none)``: no salt):
-        its quota, cached device and host pages now, and its counters."""
+        its quota, cached device and host pages now, its counters, and its
+        share of the storage tier where the store counts per tenant (LMDB;
+        a Valkey pool: one round trip)."""
         self._check_open()
-        return self._gate.ledger.stats()
+        ledger = self._gate.ledger
+        out = ledger.stats()
+        for key, share in self._storage().items():
+            label = tenant_label(key)
+            had = out.get(label)
+            out[label] = (replace(had, storage=share) if had is not None else
+                          TenantStats(label, ledger.quota(key), 0, 0, TenantCounters(), share))
+        return out

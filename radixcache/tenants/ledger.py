@@ -37,7 +37,19 @@ class TenantCounters:
     host_pressure_evicted_pages: int = 0  # host pages evicted to make room
     host_dropped_pages: int = 0  # backups to the host not made: at its host limit
     expired_pages: int = 0  # device and host pages removed past the tenant's TTL
-    invalidated_pages: int = 0  # device and host pages removed by invalidate(tag)
+    invalidated_pages: int = 0  # device pages removed by invalidate(tag)
+    forgotten_pages: int = 0  # device pages removed by forget_namespace
+
+
+@dataclass(frozen=True, slots=True)
+class StorageShare:
+    """A tenant's share of the storage tier (its store's own per-tenant figures:
+    ``LmdbStorage.tenant_stats``, ``ValkeyStorage.tenant_stats``)."""
+
+    medium: str  # "DISK" (LMDB) or "EXTERNAL" (a shared pool)
+    stored_bytes: int  # bytes of its records or values now
+    quota_evicted: int  # removed to keep it within its byte limit (since the store opened)
+    dropped_pages: int  # not written: over its limit (since the store opened)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +61,7 @@ class TenantStats:
     device_pages: int  # cached device pages now
     host_pages: int  # host-pool pages now
     counters: TenantCounters  # a copy
+    storage: StorageShare | None = None  # its share of the storage tier, if the store counts it
 
     @property
     def hit_ratio(self) -> float:

@@ -77,6 +77,9 @@ FIELDS: list[tuple[str, dict[str, str], str]] = [
     ("tenant_evicted_pages", {"tier": "device", "cause": "pressure"}, "pressure_evicted_pages"),
     ("tenant_evicted_pages", {"tier": "host", "cause": "own_quota"}, "host_own_evicted_pages"),
     ("tenant_evicted_pages", {"tier": "host", "cause": "pressure"}, "host_pressure_evicted_pages"),
+    ("tenant_evicted_pages", {"tier": "device_host", "cause": "ttl"}, "expired_pages"),
+    ("tenant_evicted_pages", {"tier": "device", "cause": "invalidation"}, "invalidated_pages"),
+    ("tenant_evicted_pages", {"tier": "device", "cause": "forget"}, "forgotten_pages"),
     ("tenant_dropped_pages", {"tier": "device"}, "dropped_pages"),
     ("tenant_dropped_pages", {"tier": "host"}, "host_dropped_pages"),
 ]
@@ -275,3 +278,54 @@ def test_a_tenant_named_other_is_summed_under_other_and_n_is_checked() -> None:
         with pytest.raises(ValueError, match="tenant_labels"):
             MetricsExporter(cache, tenant_labels=bad)  # type: ignore[arg-type]
     cache.close()
+
+
+def test_removals_by_cause_and_the_storage_share_per_tenant(tmp_path: object) -> None:
+    """TTL, invalidation and forget each count under their cause; with an LMDB
+    store, each tenant's stored bytes, quota evictions and dropped pages
+    (the store's own per-tenant figures) are series under tier="storage"."""
+    from radixcache.offload import StorageConfig
+
+    now = [100.0]
+    tiers = TierConfig(host=HostPoolConfig(pages=32), write_policy="write_through",
+                       prefetch_policy="wait_complete", model_id="metrics",
+                       storage=StorageConfig(path=tmp_path, capacity_bytes=1 << 20,  # type: ignore[arg-type]
+                                             clock=lambda: now[0]))
+    cache = RadixCache(CacheConfig(spec=SPEC, device_pages=32, tiers=tiers, quotas={
+        "a": TenantQuota(ttl_s=10), "b": TenantQuota(storage_bytes=1)}), clock=lambda: now[0])
+    exporter = MetricsExporter(cache)
+    try:
+        serve(cache, Namespace("a"), prompt(0, 2))
+        serve(cache, Namespace("b"), prompt(1, 3))
+        serve(cache, Namespace("c", tags=("t",)), prompt(2, 2))
+        serve(cache, Namespace("d"), prompt(3, 1))
+        serve(cache, Namespace("e"), prompt(4, 2))
+        cache.drain()
+        now[0] += 10
+        cache.poll()  # a's pages are past their TTL
+        cache.invalidate("t")
+        cache.forget_namespace(Namespace("d"))
+        exporter.update()
+        stats = cache.tenants.stats()
+        scraped = scrape(exporter)
+        assert stats["a"].counters.expired_pages == 4  # 2 device + 2 host copies
+        assert stats["c"].counters.invalidated_pages == 2
+        assert stats["d"].counters.forgotten_pages == 1
+        for s in stats.values():
+            for key, want in expected(s, SPEC.page_bytes).items():
+                assert scraped[key] == want, key
+        share = stats["b"].storage
+        assert share is not None and share.medium == "DISK"
+        assert share.dropped_pages == 3 and share.stored_bytes == 0  # over its 1-byte limit
+        kept = stats["e"].storage
+        assert kept is not None and kept.stored_bytes > 0
+        # a's records went past their deadline too (swept by the store's next writes)
+        assert stats["a"].storage is not None and stats["a"].storage.stored_bytes == 0
+        assert value(scraped, "tenant_dropped_pages_total", tenant="b", tier="storage") == 3
+        assert value(scraped, "tenant_cached_bytes", tenant="e", tier="storage") == \
+            kept.stored_bytes
+        assert value(scraped, "tenant_evicted_pages_total", tenant="b", tier="storage",
+                     cause="own_quota") == share.quota_evicted
+    finally:
+        exporter.close()
+        cache.close()

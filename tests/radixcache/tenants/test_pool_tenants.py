@@ -1,0 +1,116 @@
+"""Tenants on a shared Valkey pool through the cache (a real ``valkey-server``
+started by the test): a TTL reaches the values the cache stores (their expiry
+is at most the deadline), ``pool_bytes`` limits a tenant's values in the pool
+(set at open, changed at run time), and ``invalidate(tag)`` removes the pool's
+values of every namespace put with the tag, also for a second engine that
+never admitted it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("redis")
+
+from radixcache import CacheConfig, KVSpec, Namespace, RadixCache  # noqa: E402
+from radixcache.offload import HostPoolConfig, storage_config  # noqa: E402
+from radixcache.tenants import TenantQuota  # noqa: E402
+from radixcache.tiers import HostTiers, TierConfig  # noqa: E402
+from tests.offload.valkey.valkey_servers import ValkeyServer  # noqa: E402
+
+P = 4
+SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=8, dtype=torch.float32, page_size=P)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ValkeyServer]:
+    s = ValkeyServer(maxmemory=64 << 20)
+    yield s
+    s.stop()
+
+
+def make(server: ValkeyServer, quotas: object, model: str) -> RadixCache:
+    tiers = TierConfig(host=HostPoolConfig(pages=32), write_policy="write_through",
+                       prefetch_policy="wait_complete", model_id=model,
+                       storage=storage_config(server.url))
+    return RadixCache(CacheConfig(spec=SPEC, device_pages=32, tiers=tiers,
+                                  quotas=quotas))  # type: ignore[arg-type]
+
+
+def prompt(i: int, pages: int) -> np.ndarray:
+    return np.arange(i * 1000, i * 1000 + pages * P + 1, dtype=np.int32)
+
+
+def serve(cache: RadixCache, ns: Namespace, tokens: np.ndarray) -> None:
+    req = cache.admit(tokens, ns)
+    n = tokens.size - req.num_computed
+    cache.reserve(req, n)
+    cache.commit(req, n)
+    cache.release(req)
+
+
+def test_a_ttl_bounds_the_expiry_of_the_values_the_cache_stores(server: ValkeyServer) -> None:
+    with server.client() as raw:
+        raw.flushall()
+    cache = make(server, {"a": TenantQuota(ttl_s=30)}, "pool-ttl")
+    try:
+        serve(cache, Namespace("a"), prompt(1, 3))
+        cache.drain()
+        with server.client() as raw:
+            a_ttls = {key: raw.pttl(key) for key in raw.scan_iter(count=1000)}
+        serve(cache, Namespace("b"), prompt(1, 3))
+        cache.drain()
+        with server.client() as raw:
+            b_ttls = {key: raw.pttl(key) for key in raw.scan_iter(count=1000) if key not in a_ttls}
+        a_values = [t for t in a_ttls.values() if t > 0]  # (sets and indexes have none)
+        b_values = [t for t in b_ttls.values() if t > 0]
+        assert a_values and all(t <= 30_000 for t in a_values)  # at most the deadline
+        assert b_values and all(t > 30_000 for t in b_values)  # no TTL: the pool's ttl_s
+    finally:
+        cache.close()
+
+
+def test_invalidate_removes_the_tag_from_the_pool_for_every_engine(server: ValkeyServer) -> None:
+    writer = make(server, None, "pool-tags")
+    tagged, plain = Namespace("t1", tags=("template:v8",)), Namespace("t2")
+    try:
+        serve(writer, tagged, prompt(2, 3))
+        serve(writer, plain, prompt(2, 3))
+        writer.drain()
+    finally:
+        writer.close()
+    other = make(server, None, "pool-tags")  # a second engine: never admitted `tagged`
+    try:
+        req = other.admit(prompt(2, 3), Namespace("t1"))
+        assert req.cached_len == 12  # the pool has it
+        other.release(req)
+        other.drain()
+        other.reset()
+        other.invalidate("template:v8")
+        assert other.admit(prompt(2, 3), Namespace("t1")).cached_len == 0
+        assert other.admit(prompt(2, 3), plain).cached_len == 12
+    finally:
+        other.close()
+
+
+def test_pool_bytes_keep_a_tenant_within_its_share_of_the_pool(server: ValkeyServer) -> None:
+    cache = make(server, {"noisy": TenantQuota(pool_bytes=1)}, "pool-quota")
+    try:
+        serve(cache, Namespace("quiet"), prompt(3, 2))
+        serve(cache, Namespace("noisy"), prompt(3, 2))
+        cache.drain()
+        pool = cache.tiers.storage  # type: ignore[attr-defined]
+        stats = pool.tenant_stats()
+        noisy = Namespace("noisy").tenant
+        assert stats[noisy].dropped_pages == 2 and stats[noisy].stored_bytes == 0
+        cache.tenants.set_quota("noisy", TenantQuota(pool_bytes=1 << 20))  # run time
+        serve(cache, Namespace("noisy"), prompt(4, 2))
+        cache.drain()
+        assert pool.tenant_stats()[noisy].stored_bytes > 0
+        cache.reset()
+        assert cache.admit(prompt(3, 2), Namespace("quiet")).cached_len == 8
+    finally:
+        cache.close()
