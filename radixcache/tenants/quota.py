@@ -20,9 +20,10 @@ exactly one tenant.
 
 ``storage_bytes`` / ``storage_floor``: the same for the LMDB storage tier,
 in bytes of stored records (offload/lmdb/quotas.py). They are handed to the
-store when the cache opens it; ``set_quota`` later does not change them.
-``pool_bytes``: a limit on the value bytes the tenant keeps in a shared pool
-(no floor: the pool's server evicts under its own memory pressure).
+store when the cache opens it, and again at each ``set_quota`` / ``set_default``.
+``pool_bytes``: a limit on the value bytes the tenant keeps in a Valkey pool
+(no floor: the pool's server evicts under its own memory pressure), handed
+to the pool at open and at each change.
 
 ``ttl_s`` (retention, None: none): a page lives at most ``ttl_s`` seconds
 from when it was first cached (not refreshed by hits), on every tier: past
