@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -24,6 +25,8 @@ from radixcache.offload import (
 )
 from radixcache.offload.valkey.config import ValkeyConfig
 from radixcache.transfer import KVSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,9 @@ def open_storage(
             tenant_quota_default=tenant_quota_default or target.tenant_quota_default,
         )
     pool, pool_default = pool_quotas
+    if (pool or pool_default is not None) and not isinstance(target, ValkeyConfig):
+        log.warning("pool_bytes quotas are set but the storage tier (%s) does not enforce "
+                    "them: only a Valkey pool does", type(target).__name__)
     if isinstance(target, ValkeyConfig) and (pool or pool_default is not None):
         target = dataclasses.replace(
             target,
