@@ -1,9 +1,10 @@
-"""The tiered machine (tests/radixcache/tiers/test_tiers_property.py: device,
-host and a tiny LMDB store, every copy, read and write held until a rule
-finishes, fails or shortens it, restarts, forgets, resets, KV checked
-bit-exact) run with retention and tags: two tenants have a TTL under a fake
-clock that rules move forward, every namespace is admitted with tags, and a
-rule invalidates a tag. After every admission: no page it was served (device,
+"""The tiered quota machine (tests/radixcache/tenants/test_tier_quota_property.py:
+device, host and a tiny LMDB store, every copy, read and write held until a
+rule finishes, fails or shortens it, restarts, forgets, resets, KV checked
+bit-exact, device and host limits and floors checked after every step, quota
+changes at run time) run with retention and tags as well: both tenants have a
+TTL under a fake clock that rules move forward (the cache's and the store's),
+every namespace is admitted with tags, and a rule invalidates a tag. After every admission: no page it was served (device,
 host or storage) was last computed longer ago than its tenant's TTL. An
 invalidation counts as a forget of every namespace carrying the tag (the KV
 of a position depends on the namespace's incarnation), so a page served from
@@ -13,6 +14,7 @@ before an invalidation is wrong KV, caught by the machine's KV check.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import HealthCheck, event, settings
@@ -21,7 +23,8 @@ from hypothesis.stateful import rule
 
 from radixcache import Namespace, Request
 from radixcache.tenants import TenantQuota
-from tests.radixcache.tiers.test_tiers_property import NAMESPACES, P, TieredMachine
+from tests.radixcache.tenants.test_tier_quota_property import START, QuotaTieredMachine
+from tests.radixcache.tiers.test_tiers_property import NAMESPACES, P
 
 # The machine's namespaces, as its requests carry them: tags are not part of a
 # namespace's identity, so these equal NAMESPACES one for one.
@@ -39,8 +42,8 @@ class FakeClock:
         return self.now
 
 
-class RetentionMachine(TieredMachine):
-    quotas = {salt: TenantQuota(ttl_s=ttl) for salt, ttl in TTL.items()}  # type: ignore[assignment]
+class RetentionMachine(QuotaTieredMachine):
+    quotas = {salt: replace(START[salt], ttl_s=ttl) for salt, ttl in TTL.items()}  # type: ignore[assignment]
 
     def __init__(self) -> None:
         self.fake = FakeClock()
@@ -51,6 +54,13 @@ class RetentionMachine(TieredMachine):
     def _open(self) -> None:
         self.clock = self.fake
         super()._open()
+        set_quota = self.cache.tenants.set_quota
+
+        def keeping_the_ttl(salt: str | None, quota: TenantQuota | None) -> int:
+            """The quota rule's changes, each tenant's TTL kept (what is checked)."""
+            return set_quota(salt, None if quota is None else replace(quota, ttl_s=TTL[salt]))
+
+        self.cache.tenants.set_quota = keeping_the_ttl  # type: ignore[method-assign]
 
     def _admit(self, ns: int, tokens: np.ndarray) -> Request:
         self.prompts[ns] = (self.prompts[ns] + [tokens.tolist()])[-6:]
