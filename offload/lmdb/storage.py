@@ -87,7 +87,7 @@ from radixcache.offload.storage import (
     StoreSizes,
 )
 from radixcache.offload.storage import record as rec
-from radixcache.offload.storage.checks import check_key, check_retention, check_tag
+from radixcache.offload.storage.checks import check_key, check_tag
 from radixcache.offload.storage.contract import HostPages, PageBuffer, PutMeta, TokenPages
 from radixcache.transfer.layout import KVSpec
 from radixcache.transfer.ticket import FutureTicket, Ticket
@@ -163,19 +163,6 @@ class LmdbStorage(StorageBase):
                 if deadline <= now:  # expired: not served
                     return i
         return len(keys)
-
-    def put(
-        self,
-        keys: Sequence[bytes],
-        tokens: TokenPages | None,
-        host: PageBuffer,
-        host_pages: HostPages,
-        namespace: bytes,
-        meta: PutMeta | None = None,
-        tenant: bytes | None = None,
-    ) -> Ticket:
-        check_retention(meta)  # a bad deadline or tag is refused here, not on the writer
-        return super().put(keys, tokens, host, host_pages, namespace, meta, tenant)
 
     def invalidate_tag(self, tag: str) -> Ticket:
         """Remove every record of every namespace a put tagged ``tag``

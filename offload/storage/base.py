@@ -50,6 +50,7 @@ from radixcache.offload.storage import record
 from radixcache.offload.storage.checks import (
     check_namespace,
     check_pages,
+    check_retention,
     check_tenant,
     record_keys,
 )
@@ -185,6 +186,7 @@ class StorageBase:
         tenant: bytes | None = None,
     ) -> Ticket:
         self._check_open()
+        check_retention(meta)  # a bad deadline or tag is refused here, not on the writer
         tag = self._tag(namespace)
         rkeys, toks, pages = self._checked(keys, tokens, host, host_pages)
         if meta is not None and len(meta.block_ids) != len(rkeys):

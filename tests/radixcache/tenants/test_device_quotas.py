@@ -10,8 +10,8 @@ import torch
 from radixcache import CacheConfig, KVSpec, Namespace, OutOfPagesError, RadixCache
 from radixcache.events.types import BlockRemoved
 from radixcache.tenants import QuotaBook, TenantQuota, parse_quotas, tenant_key
+from tests.radixcache.tenants.kit import P, prompt, serve
 
-P = 4
 A, B = Namespace("a"), Namespace("b")
 
 
@@ -19,22 +19,6 @@ def make(pages: int = 16, quotas: object = None, events: bool = False) -> RadixC
     spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=P)
     return RadixCache(CacheConfig(spec=spec, device_pages=pages, allocate_kv=False,
                                   quotas=quotas, record_events=events))  # type: ignore[arg-type]
-
-
-def prompt(i: int, pages: int) -> np.ndarray:
-    """``pages`` whole pages of tokens plus one, distinct per ``i``."""
-    return np.arange(i * 1000, i * 1000 + pages * P + 1, dtype=np.int32)
-
-
-def serve(cache: RadixCache, ns: Namespace, tokens: np.ndarray, release: bool = True):  # type: ignore[no-untyped-def]
-    req = cache.admit(tokens, ns)
-    n = tokens.size - req.num_computed
-    cache.reserve(req, n)
-    cache.commit(req, n)
-    if release:
-        cache.release(req)
-    cache.check_integrity()
-    return req
 
 
 def held(cache: RadixCache, ns: Namespace) -> int:

@@ -20,8 +20,8 @@ from radixcache.offload import HostPoolConfig, storage_config  # noqa: E402
 from radixcache.tenants import TenantQuota  # noqa: E402
 from radixcache.tiers import HostTiers, TierConfig  # noqa: E402
 from tests.offload.valkey.valkey_servers import ValkeyServer  # noqa: E402
+from tests.radixcache.tenants.kit import P, prompt, serve  # noqa: E402
 
-P = 4
 SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=8, dtype=torch.float32, page_size=P)
 
 
@@ -38,18 +38,6 @@ def make(server: ValkeyServer, quotas: object, model: str) -> RadixCache:
                        storage=storage_config(server.url))
     return RadixCache(CacheConfig(spec=SPEC, device_pages=32, tiers=tiers,
                                   quotas=quotas))  # type: ignore[arg-type]
-
-
-def prompt(i: int, pages: int) -> np.ndarray:
-    return np.arange(i * 1000, i * 1000 + pages * P + 1, dtype=np.int32)
-
-
-def serve(cache: RadixCache, ns: Namespace, tokens: np.ndarray) -> None:
-    req = cache.admit(tokens, ns)
-    n = tokens.size - req.num_computed
-    cache.reserve(req, n)
-    cache.commit(req, n)
-    cache.release(req)
 
 
 def test_a_ttl_bounds_the_expiry_of_the_values_the_cache_stores(server: ValkeyServer) -> None:

@@ -13,8 +13,8 @@ from radixcache.events.types import BlockRemoved, BlockStored
 from radixcache.offload import HostPoolConfig
 from radixcache.tenants import TenantQuota, parse_quotas
 from radixcache.tiers import TierConfig
+from tests.radixcache.tenants.kit import P, prompt, serve
 
-P = 4
 SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=P)
 A, B = Namespace("a"), Namespace("b")
 
@@ -33,21 +33,6 @@ def make(quotas: object, clock: Clock, host: bool = False, pages: int = 32) -> R
     return RadixCache(CacheConfig(spec=SPEC, device_pages=pages, allocate_kv=host, tiers=tiers,
                                   quotas=quotas, record_events=True),  # type: ignore[arg-type]
                       clock=clock)
-
-
-def prompt(i: int, pages: int) -> np.ndarray:
-    return np.arange(i * 1000, i * 1000 + pages * P + 1, dtype=np.int32)
-
-
-def serve(cache: RadixCache, ns: Namespace, tokens: np.ndarray, release: bool = True):  # type: ignore[no-untyped-def]
-    req = cache.admit(tokens, ns)
-    n = tokens.size - req.num_computed
-    cache.reserve(req, n)
-    cache.commit(req, n)
-    if release:
-        cache.release(req)
-    cache.check_integrity()
-    return req
 
 
 def removed(events: list, medium: str) -> int:  # type: ignore[type-arg]
