@@ -104,7 +104,8 @@ class Retention:
         uid = node.uid
         if uid in self.born or node.parent is None:
             return
-        key = node.namespace.tenant
+        ledger = self.ledger
+        key = node.namespace.tenant if ledger is None else ledger.key(node.namespace)
         if self.book.get(key).ttl_s is None:
             return
         self._date(node, key, self.clock())

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from radixcache.cache import CacheConfig, RadixCache
+from radixcache.tenants import QuotaBook, TenantQuota
 from radixcache.transfer import KVSpec
 
 P = 16
@@ -52,10 +53,12 @@ class Workload:
         self.miss32k = rng.integers(0, VOCAB, 32768, dtype=np.int32) + VOCAB
 
 
-def make_cache(capacity: int, record_events: bool = True) -> RadixCache:
-    """Index and page pool only (no KV tensors), events recorded."""
+def make_cache(capacity: int, record_events: bool = True, quotas: QuotaBook | None = None) -> RadixCache:
+    """Index and page pool only (no KV tensors), events recorded; ``quotas``
+    (None: off) as ``CacheConfig.quotas``."""
     return RadixCache(
-        CacheConfig(spec=SPEC, device_pages=capacity, allocate_kv=False, record_events=record_events)
+        CacheConfig(spec=SPEC, device_pages=capacity, allocate_kv=False, record_events=record_events,
+                    quotas=quotas)
     )
 
 
@@ -123,9 +126,9 @@ def evictions(cache: RadixCache, pages: int, times: int) -> list[tuple[float, in
     return out
 
 
-def replay(seqs: list[np.ndarray], capacity: int) -> tuple[float, float]:
+def replay(seqs: list[np.ndarray], capacity: int, quotas: QuotaBook | None = None) -> tuple[float, float]:
     """Serve every request in order; returns (seconds, device token hit ratio)."""
-    cache = make_cache(capacity)
+    cache = make_cache(capacity, quotas=quotas)
     hit = 0
     total = 0
     t0 = time.perf_counter()
@@ -135,6 +138,12 @@ def replay(seqs: list[np.ndarray], capacity: int) -> tuple[float, float]:
     elapsed = time.perf_counter() - t0
     cache.check_integrity()
     return elapsed, hit / total
+
+
+# Tenant bookkeeping on the request path: quotas on with none set (per-tenant
+# ledger, counted locks), and a retention every page lives far longer than the
+# run (nodes dated, one heap per tenant, an expiry check on every admit and poll).
+QUOTA_CASES = {"quotas_on": lambda: QuotaBook(), "quotas_ttl": lambda: QuotaBook({}, TenantQuota(ttl_s=1e9))}
 
 
 def bytes_per_page(first: list[np.ndarray], turns: list[np.ndarray], long: list[np.ndarray], capacity: int) -> dict[str, Any]:

@@ -69,6 +69,8 @@ def ours(w: Any, seqs: list[np.ndarray], s: Sizes) -> dict[str, float]:
     evicted = tree_api.evictions(cache, 10_000, s.evictions)
     cache.check_integrity()
     seconds, hit_ratio = tree_api.replay(seqs, s.replay_capacity)
+    tenants = {name: tree_api.replay(seqs, s.replay_capacity, book())[0]
+               for name, book in tree_api.QUOTA_CASES.items()}
     mem = tree_api.rss_per_page(s.conversations, s.long_docs, capacity)
     traced = tree_api.bytes_per_page(w.first, w.turns, w.long, capacity)
     return {
@@ -80,6 +82,8 @@ def ours(w: Any, seqs: list[np.ndarray], s: Sizes) -> dict[str, float]:
         "evict_pages_freed": float(statistics.median(p for _, p in evicted)),
         "replay_req_per_s": round(len(seqs) / seconds),
         "replay_hit_ratio": round(hit_ratio, 4),
+        **{f"replay_{name}_req_per_s": round(len(seqs) / t) for name, t in tenants.items()},
+        **{f"replay_{name}_vs_off": round(seconds / t, 3) for name, t in tenants.items()},
         "bytes_per_page": mem["bytes_per_page"],
         "tracemalloc_bytes_per_page": traced["bytes_per_page"],
         "tracemalloc_bytes_per_page_without_tokens": traced["bytes_per_page_without_tokens"],
