@@ -101,19 +101,20 @@ class CacheBulk:
                 for key, s in stats.items()}
 
     def date_fetched(self, node: Node, keys: list[bytes]) -> None:
-        """Pages read back from storage are dated by their records' deadlines."""
-        assert self.retention is not None
+        """Pages read back from storage are dated by their records' deadlines
+        (for a tenant with a TTL; ``Retention.cap`` ignores the others). A store
+        that cannot tell, or tells of none, leaves them dated as past their
+        TTL: they serve the request that fetched them, and no one after."""
+        retention = self.retention
+        assert retention is not None
         deadlines = getattr(self.tiers.storage, "deadlines", None)  # type: ignore[attr-defined]
-        if deadlines is None:  # a store that cannot tell: they serve the request that fetched them only
-            self.retention.cap(node, self.retention.clock())
-            return
-        try:
-            found = [d for d in deadlines(keys) if d is not None]
-        except Exception:  # unknown: dated as past their TTL (not served again)
-            log.warning("storage could not tell the deadlines of pages read back", exc_info=True)
-            found = [self.retention.clock()]
-        if found:
-            self.retention.cap(node, min(found))
+        found: list[float] = []
+        if deadlines is not None:
+            try:
+                found = [d for d in deadlines(keys) if d is not None]
+            except Exception:  # unknown: as if past
+                log.warning("storage could not tell the deadlines of pages read back", exc_info=True)
+        retention.cap(node, min(found) if found else retention.clock())
 
     def put_extras(self, nodes: Sequence[Node]) -> tuple[float | None, tuple[str, ...]]:
         """The retention deadline and the tags a store of ``nodes`` records."""

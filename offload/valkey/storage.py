@@ -248,6 +248,16 @@ class ValkeyStorage(StorageBase):
         key_prefix = self.config.key_prefix
         return [key_prefix + rkey for rkey in self.record_keys(keys)]
 
+    def deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        """When the value ending at each page key expires (``PTTL``, one round
+        trip), as a deadline by this engine's clock; None: no value ends there,
+        it has no expiry, or its node is down. The cache dates pages it reads
+        back by them (a page's life is never extended by a read)."""
+        self._check_open()
+        replies = self._link.run([("PTTL", key) for key in self.pool_keys(keys)])
+        now = self.config.clock()
+        return [now + r / 1000 if type(r) is int and r >= 0 else None for r in replies]
+
     # -- Storage protocol ----------------------------------------------------------
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
         """Leading ``keys`` in the pool, in one round trip (two where the server

@@ -102,3 +102,49 @@ def test_pool_bytes_keep_a_tenant_within_its_share_of_the_pool(server: ValkeySer
         assert cache.admit(prompt(3, 2), Namespace("quiet")).cached_len == 8
     finally:
         cache.close()
+
+
+def test_pages_read_back_from_the_pool_keep_their_values_deadline(server: ValkeyServer) -> None:
+    """A tenant's pages stored with a 60 s TTL and read back from the pool by a
+    fresh engine 2 s later are dated by the value's PTTL: on the device until
+    the deadline they were written with, not 2 s longer. (The clock is real
+    time plus a jump the test makes, since the server's PTTL runs in real time.)"""
+    import time
+    from dataclasses import replace
+
+    jump = [0.0]
+
+    def clock() -> float:
+        return time.time() + jump[0]
+
+    def engine() -> RadixCache:
+        pool = replace(storage_config(server.url), clock=clock)  # type: ignore[type-var]
+        tiers = TierConfig(host=HostPoolConfig(pages=32), write_policy="write_through",
+                           prefetch_policy="wait_complete", model_id="pool-readback", storage=pool)
+        return RadixCache(CacheConfig(spec=SPEC, device_pages=32, tiers=tiers,
+                                      quotas={"a": TenantQuota(ttl_s=60)}), clock=clock)
+
+    first = engine()
+    try:
+        written = clock()
+        serve(first, Namespace("a"), prompt(5, 3))
+        first.drain()
+    finally:
+        first.close()
+    time.sleep(2.0)
+    second = engine()
+    try:
+        req = second.admit(prompt(5, 3), Namespace("a"))
+        assert req.cached_len == 12  # from the pool
+        second.reserve(req, 1)
+        second.release(req)
+        second.drain()
+        assert second.peek(prompt(5, 3), Namespace("a")) == 12  # kept on the device
+        jump[0] = written + 59 - time.time()
+        second.poll()
+        assert second.peek(prompt(5, 3), Namespace("a")) == 12  # 59 s into its life
+        jump[0] = written + 61 - time.time()  # past its deadline, not past read + 60 s
+        second.poll()
+        assert second.peek(prompt(5, 3), Namespace("a")) == 0
+    finally:
+        second.close()
