@@ -165,7 +165,8 @@ class RadixCache(BulkCalls):
 
         Read-only and lock-free: nothing is locked, stamped or split, so a
         scheduler may ask for many candidates and admit only some. The hit
-        may shrink before ``admit`` (eviction); host and storage hits are not
+        may shrink before ``admit`` (eviction, a TTL that ran out: ``admit``
+        and ``poll`` remove what expired); host and storage hits are not
         counted. Raises TypeError / ValueError for bad arguments,
         CacheClosedError after ``close()``.
         """
