@@ -28,6 +28,7 @@ A TTL set at run time dates the tenant's pages already cached from that moment.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from radixcache.tree.radix_tree import RadixTree
 
 Clock = Callable[[], float]
-Entry = tuple[float, int, Node]  # (first cached, uid, node)
+Entry = tuple[float, int, int, Node]  # (first cached, uid, push number: ties never compare nodes, node)
 
 
 class Retention:
@@ -65,6 +66,7 @@ class Retention:
         self._dated_default = False  # ... and their cached nodes were dated
         self.expired_pages = 0  # device + host pages removed past their TTL
         self._compact_at = 4096  # entries past which stale ones are dropped
+        self._seq = itertools.count()
         self.refresh()
 
     # ------------------------------------------------------------------ dates
@@ -114,7 +116,7 @@ class Retention:
         if node.uid in self.born:
             return
         self.born[node.uid] = now
-        heapq.heappush(self._heaps.setdefault(key, []), (now, node.uid, node))
+        heapq.heappush(self._heaps.setdefault(key, []), (now, node.uid, next(self._seq), node))
 
     def cap(self, node: Node, deadline: float | None) -> None:
         """``node`` came from storage, whose record expires at ``deadline``
@@ -128,7 +130,7 @@ class Retention:
         if born is not None and deadline - ttl < born:
             self.born[node.uid] = deadline - ttl
             heapq.heappush(self._heaps.setdefault(node.namespace.tenant, []),
-                           (deadline - ttl, node.uid, node))
+                           (deadline - ttl, node.uid, next(self._seq), node))
 
     def deadline(self, nodes: Sequence[Node]) -> float | None:
         """When the earliest of ``nodes`` (one namespace) expires; None: never."""
@@ -161,7 +163,7 @@ class Retention:
                 continue
             limit = now - ttl
             while heap and heap[0][0] <= limit:
-                born, uid, node = heapq.heappop(heap)
+                born, uid, _, node = heapq.heappop(heap)
                 if self.born.get(uid) != born:
                     continue  # superseded by an earlier date (``cap``), or gone
                 del self.born[uid]
@@ -201,9 +203,9 @@ class Retention:
         assert tree is not None
         attached = tree.below.is_attached
         for heap in self._heaps.values():
-            kept = [e for e in heap if not e[2].forgotten and attached(e[2])]
+            kept = [e for e in heap if not e[3].forgotten and attached(e[3])]
             for e in heap:
-                if e[2].forgotten or not attached(e[2]):
+                if e[3].forgotten or not attached(e[3]):
                     self.born.pop(e[1], None)
             heap[:] = kept
             heapq.heapify(heap)
