@@ -131,7 +131,7 @@ class TenantGate:
             went = before - self.ledger.device.get(key, 0)  # type: ignore[call-overload]
         if self.host is not None:  # after the device: its evictions may back pages up
             self.host.enforce(key)  # type: ignore[arg-type]
-        if self.retention is not None:  # a TTL set or lowered: pages past it go now
+        if self.retention is not None:  # a TTL set or lowered: its pages past it go now
             self.retention.refresh()
-            went += self.retention.expire()
+            went += self.retention.expire(key)
         return went

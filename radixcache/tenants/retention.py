@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from radixcache.tree.radix_tree import RadixTree
 
 Clock = Callable[[], float]
+EVERY: Final = object()  # ``expire``: every tenant
 Entry = tuple[float, int, int, Node]  # (first cached, uid, push number: ties never compare nodes, node)
 
 
@@ -104,8 +105,8 @@ class Retention:
     def noted(self, node: Node) -> None:
         """``node``'s pages were reported resident: date it if it is new."""
         uid = node.uid
-        if uid in self.born or node.parent is None:
-            return
+        if uid in self.born or node.parent is None or uid in self._masked:
+            return  # dated already, a root, or past its TTL (held): never dated again
         ledger = self.ledger
         key = node.namespace.tenant if ledger is None else ledger.key(node.namespace)
         if self.book.get(key).ttl_s is None:
@@ -113,7 +114,7 @@ class Retention:
         self._date(node, key, self.clock())
 
     def _date(self, node: Node, key: TenantKey, now: float) -> None:
-        if node.uid in self.born:
+        if node.uid in self.born or node.uid in self._masked:
             return
         self.born[node.uid] = now
         heapq.heappush(self._heaps.setdefault(key, []), (now, node.uid, next(self._seq), node))
@@ -133,19 +134,23 @@ class Retention:
                            (deadline - ttl, node.uid, next(self._seq), node))
 
     def deadline(self, nodes: Sequence[Node]) -> float | None:
-        """When the earliest of ``nodes`` (one namespace) expires; None: never."""
-        if not self.born:
-            return None
+        """When the earliest of ``nodes`` (one namespace) expires; None: never.
+        A node of a tenant with a TTL that has no date any more is past it
+        (its entry left the heap: expired, held then): now."""
         ttl = self.ttl(nodes[0].namespace.tenant)
         if ttl is None:
             return None
-        dates = [self.born[n.uid] for n in nodes if n.uid in self.born]
-        return min(dates) + ttl if dates else None
+        born = self.born
+        dates = [born.get(n.uid) for n in nodes]
+        if None in dates:
+            return self.clock()
+        return min(dates) + ttl  # type: ignore[type-var, operator]
 
     # ------------------------------------------------------------------ expiry
-    def expire(self) -> int:
+    def expire(self, only: TenantKey | object = EVERY) -> int:
         """Remove every node past its deadline that nothing holds; mask the
-        held ones. Returns the device pages freed."""
+        held ones; ``only``: of that tenant alone (a quota change, which
+        touches no one else). Returns the device pages freed."""
         if not self._heaps and not self._masked:
             return 0
         tree = self.tree
@@ -155,11 +160,13 @@ class Retention:
         now = self.clock()
         dev: list[PageIds] = []
         for uid, node in list(self._masked.items()):  # held ones from earlier passes
+            if only is not EVERY and node.namespace.tenant != only:
+                continue
             if node.forgotten or not tree.below.is_attached(node) or self._cut(node, dev):
                 del self._masked[uid]
         for key, heap in self._heaps.items():
             ttl = self.ttl(key)
-            if ttl is None:
+            if ttl is None or (only is not EVERY and key != only):
                 continue
             limit = now - ttl
             while heap and heap[0][0] <= limit:
@@ -167,11 +174,9 @@ class Retention:
                 if self.born.get(uid) != born:
                     continue  # superseded by an earlier date (``cap``), or gone
                 del self.born[uid]
-                if node.forgotten or not tree.below.is_attached(node):
+                top = _top(node)
+                if top.forgotten or not tree.below.is_attached(top):
                     continue
-                top = node
-                while top.parent is not None and top.parent.uid == uid:
-                    top = top.parent  # the upper pieces of its splits: the same date
                 if not self._cut(top, dev):
                     self._masked[uid] = top
         pages = concat_pages(dev)
@@ -201,11 +206,14 @@ class Retention:
         they would otherwise stay until their deadline. Amortized O(1) per entry."""
         tree = self.tree
         assert tree is not None
-        attached = tree.below.is_attached
+        def live(node: Node) -> bool:
+            top = _top(node)
+            return not top.forgotten and tree.below.is_attached(top)
+
         for heap in self._heaps.values():
-            kept = [e for e in heap if not e[3].forgotten and attached(e[3])]
+            kept = [e for e in heap if live(e[3])]
             for e in heap:
-                if e[3].forgotten or not attached(e[3]):
+                if not live(e[3]):
                     self.born.pop(e[1], None)
             heap[:] = kept
             heapq.heapify(heap)
@@ -239,6 +247,18 @@ class Retention:
         hosts = tuple(path[dev_nodes:cut])
         return MatchResult(match.device_len, match.device_pages, match.last_device_node,
                            sum(int(n.key.size) for n in hosts), hosts)
+
+
+def _top(node: Node) -> Node:
+    """The highest piece of ``node``'s splits (its ancestors of the same uid:
+    the upper pieces keep the uid and the date). The heap holds the piece that
+    kept the node's identity, the lowest; it may have left the tree (a leaf is
+    evicted first) while the pieces above it are still there, and its parent
+    link still leads to them."""
+    uid = node.uid
+    while node.parent is not None and node.parent.uid == uid:
+        node = node.parent
+    return node
 
 
 def _host_pages(tree: RadixTree) -> int:

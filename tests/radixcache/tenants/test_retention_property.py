@@ -62,6 +62,14 @@ class RetentionMachine(QuotaTieredMachine):
 
         self.cache.tenants.set_quota = keeping_the_ttl  # type: ignore[method-assign]
 
+    def held(self) -> dict[tuple[str, object], int]:
+        """Pages per tier and tenant, after what is due now expired (what the
+        next admit or poll would remove first): expiry is nobody's pressure,
+        so the floor and quota-change checks look at what is left."""
+        assert self.cache._retention is not None
+        self.cache._retention.expire()
+        return super().held()
+
     def _admit(self, ns: int, tokens: np.ndarray) -> Request:
         self.prompts[ns] = (self.prompts[ns] + [tokens.tolist()])[-6:]
         req = self.cache.admit(tokens, TAGGED[ns])

@@ -7,7 +7,9 @@ at run time. After every step: the ledger equals a recount over the tree
 host pages than its limit (one lowered under pages held, or host pages a
 job in flight took before, may stay above it by those pages only, never
 growing); and a request, commit or ``evict`` on
-behalf of one tenant never takes another below its device or host floor.
+behalf of one tenant never takes another below its device or host floor
+(on the host: of the copies whose every ancestor has a copy below the
+device; one under a device-only prefix goes with that prefix).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
-from radixcache import OutOfPagesError, Request
+from radixcache import Node, OutOfPagesError, Request
 from radixcache.tenants import TenantQuota
 from radixcache.tenants.eviction import ANY, TenantEviction
 from tests.radixcache.tiers.test_tiers_property import NAMESPACES, P, TieredMachine
@@ -30,6 +32,16 @@ START = {
 }
 
 
+def _anchored(node: Node) -> bool:
+    """Every ancestor of ``node`` has a copy below the device (host or storage)."""
+    n = node.parent
+    while n is not None and n.parent is not None:
+        if n.host is None and not n.stored:
+            return False
+        n = n.parent
+    return True
+
+
 class QuotaTieredMachine(TieredMachine):
     quotas = START  # type: ignore[assignment]
 
@@ -39,6 +51,11 @@ class QuotaTieredMachine(TieredMachine):
 
     # -------------------------------------------------------------- helpers
     def held(self) -> dict[tuple[str, object], int]:
+        """Pages per (tier, tenant); ``host_anchored``: the host copies whose
+        every ancestor has a copy below the device too. Only those are what
+        a host floor keeps: a copy below a prefix held on the device alone
+        goes with that prefix when the device evicts it (nothing could reach
+        it any more), which is no host eviction."""
         out: dict[tuple[str, object], int] = {}
         for node in self.cache.tree.nodes():
             key = node.namespace.tenant
@@ -46,6 +63,9 @@ class QuotaTieredMachine(TieredMachine):
                 out["device", key] = out.get(("device", key), 0) + int(node.device.size)
             if node.host is not None:
                 out["host", key] = out.get(("host", key), 0) + int(node.host.size)
+                if _anchored(node):
+                    n = int(node.host.size)
+                    out["host_anchored", key] = out.get(("host_anchored", key), 0) + n
         return out
 
     def quota(self, key: object) -> TenantQuota:
@@ -55,7 +75,7 @@ class QuotaTieredMachine(TieredMachine):
         """Floors: no tenant but ``who`` went below one in this step."""
         after = self.held()
         for (tier, key), had in before.items():
-            if key == who and who is not ANY:
+            if (key == who and who is not ANY) or tier == "host":  # host: the anchored copies
                 continue
             floor = self.quota(key).floor(tier)
             assert after.get((tier, key), 0) >= min(had, floor), (
