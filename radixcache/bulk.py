@@ -107,6 +107,8 @@ class CacheBulk:
         TTL: they serve the request that fetched them, and no one after."""
         retention = self.retention
         assert retention is not None
+        if retention.ttl(node.namespace.tenant) is None:
+            return  # no TTL: nothing to date, so no lookup (a pool's is a round trip)
         deadlines = getattr(self.tiers.storage, "deadlines", None)  # type: ignore[attr-defined]
         found: list[float] = []
         if deadlines is not None:
