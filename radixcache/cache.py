@@ -133,12 +133,12 @@ class RadixCache(BulkCalls):
         if namespace.tags:
             self._tags.note(namespace)
         req = Request(self._next_rid, namespace, arr, priority, self._forgets.get(namespace, 0))
-        usable = arr[: max(arr.size - 1, 0)]
-        match = self.tree.match(namespace, usable, priority)
+        usable = max(arr.size - 1, 0)  # the last token is always computed
+        match = self.tree.match(namespace, arr, priority, usable)
         if self.tiers.wait_for_loads(match):
             # Another request is loading this prefix back: let those copies land
             # (memcpy speed) and share them instead of stopping short.
-            match = self.tree.match(namespace, usable, priority)
+            match = self.tree.match(namespace, arr, priority, usable)
         if self._retention is not None and self._retention.masking:
             cut = self._retention.cut_match(match)  # expired pages still held: end before them
             if cut is not None:

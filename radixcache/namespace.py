@@ -146,6 +146,9 @@ class Namespace:
     # labels for RadixCache.invalidate(tag) ("model:v3", "template:v8"); not part
     # of the identity: equality, hashing, digest(), keys and events ignore them
     tags: tuple[str, ...] = field(default=(), compare=False)
+    # the hash of the identity, taken once (every admit looks namespaces up in
+    # dicts); never pickled: str hashes differ between processes
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         salt = self.salt
@@ -176,6 +179,21 @@ class Namespace:
                     f"namespace too large: its storage form (to_info) takes {size} bytes, "
                     f"at most {MAX_INFO_BYTES} fit a record (salt, lora_name, extra_keys)"
                 )
+        object.__setattr__(self, "_hash", hash((self.salt, self.lora_id, self.lora_name,
+                                                self.extra_keys)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> tuple[object, ...]:
+        return (self.salt, self.lora_id, self.lora_name, self.extra_keys, self.tags)
+
+    def __setstate__(self, state: tuple[object, ...]) -> None:
+        salt, lora_id, lora_name, extra_keys, tags = state
+        for name, value in (("salt", salt), ("lora_id", lora_id), ("lora_name", lora_name),
+                            ("extra_keys", extra_keys), ("tags", tags)):
+            object.__setattr__(self, name, value)
+        self.__post_init__()  # checked again, and hashed in this process
 
     def digest(self) -> bytes:
         """16 stable bytes identifying this namespace (same on every machine).

@@ -8,7 +8,7 @@ import numpy as np
 
 from radixcache.errors import RequestStateError
 from radixcache.namespace import Namespace
-from radixcache.tree.node import Node, PageIds, TokenArray
+from radixcache.tree.node import EMPTY_PAGES, Node, PageIds, TokenArray
 
 
 class RollBack(NamedTuple):
@@ -161,7 +161,8 @@ class Request:
         """At admission: ``tokens`` cached tokens in device ``pages``, up to
         ``node`` (locked for the request)."""
         self._move_lock(locks, node)
-        self._append_pages(pages)
+        if pages.size:
+            self._append_pages(pages)
         self.shared_pages = self.num_pages
         self.cached_len = self.num_computed = self.reserved_tokens = tokens
         self.hit_device = tokens
@@ -294,8 +295,9 @@ class Request:
     def end(self, locks: Locks) -> PageIds:
         """Release: unlock, and return the private pages (for the caller to free)."""
         self._move_lock(locks, None)
-        private = self.page_table[self.shared_pages :].copy()
-        self.num_pages = self.shared_pages
+        shared = self.shared_pages
+        private = self._pages[shared : self.num_pages].copy() if self.num_pages > shared else EMPTY_PAGES
+        self.num_pages = shared
         self.released = True
         return private
 

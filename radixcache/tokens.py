@@ -27,6 +27,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from radixcache.native import compiled as native_core  # None on the pure-Python path
+
 TOKEN_DTYPE = np.int32
 MAX_TOKEN_ID = 2**31 - 1
 
@@ -55,6 +57,11 @@ def as_tokens(tokens: object, what: str = "tokens", *, copy: bool = False) -> To
         # The hot path: int32 ids cannot exceed MAX_TOKEN_ID, so one pass
         # (the sign) is the whole check. The copy is taken first and checked:
         # what is validated is what the cache keeps.
+        if copy and _owned is not None:
+            owned = _owned(tokens)  # the copy and the sign in one C pass
+            if owned is None:
+                raise _out_of_range(what, int(tokens.min()), int(tokens.max()))
+            return owned
         arr = tokens.copy() if copy else tokens
         if arr.size:
             lo = int(arr.min())
@@ -109,3 +116,9 @@ def as_tokens(tokens: object, what: str = "tokens", *, copy: bool = False) -> To
     if copy and out is arr and not owned:
         out = out.copy()  # an int32 view of the caller's memory
     return out
+
+
+# The compiled copy-and-check of the hot path (radixcache/native/_core.pyx
+# ``owned_tokens``: the copy above, then its sign, in one pass); None on the
+# pure-Python path.
+_owned = None if native_core is None else native_core.owned_tokens

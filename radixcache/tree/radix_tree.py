@@ -90,8 +90,11 @@ class RadixTree:
     def protected_pages(self) -> int:
         return self.device_pages - self.evictable_pages
 
-    def match(self, namespace: Namespace, tokens: TokenArray, priority: int = 0) -> MatchResult:
-        """Longest cached prefix of ``tokens`` (whole pages only) in ``namespace``.
+    def match(
+        self, namespace: Namespace, tokens: TokenArray, priority: int = 0, end: int = -1
+    ) -> MatchResult:
+        """Longest cached prefix of ``tokens[:end]`` (whole pages only; ``end``
+        -1: all of ``tokens``) in ``namespace``.
 
         ``tokens`` must be a validated 1-D int32 array. Mutates: stamps the
         matched nodes (recency, hit count, priority) and, when the match ends
@@ -99,7 +102,8 @@ class RadixTree:
         ends on a node. Cached content is never changed.
         """
         p = self.page_size
-        n = tokens.size - tokens.size % p
+        n = tokens.size if end < 0 else min(end, tokens.size)
+        n -= n % p
         root = self._roots.get(namespace)
         if root is None or n == 0:
             return MatchResult(0, EMPTY_PAGES.copy(), None)

@@ -12,7 +12,12 @@ a fuzzer checks that whatever is accepted goes everywhere."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import pickle
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -184,3 +189,17 @@ def test_any_namespace_is_refused_at_once_or_goes_everywhere(
         assert any(f in str(exc) for f in ("salt", "lora_id", "lora_name", "extra_keys", "too large")), exc
         return
     _goes_everywhere(ns)
+
+
+def test_a_namespace_pickled_in_another_process_hashes_as_this_process_does() -> None:
+    """The identity's hash is taken once per process (str hashes are salted
+    per process): one unpickled from a spawned engine finds its equal."""
+    code = ("import base64, pickle; from radixcache import Namespace; "
+            "print(base64.b64encode(pickle.dumps(Namespace('tenant-a', 7, 'adapter', ('img', 3), "
+            "tags=('model:v3',)))).decode())")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    theirs = pickle.loads(base64.b64decode(out.stdout))
+    mine = Namespace("tenant-a", 7, "adapter", ("img", 3))
+    assert theirs == mine and hash(theirs) == hash(mine) and {mine: 1}.get(theirs) == 1
+    assert theirs.tags == ("model:v3",)  # carried, though not part of the identity

@@ -17,6 +17,17 @@ def test_int32_array_is_used_as_is() -> None:
 def test_negative_int32_ids_are_refused(bad: list[int]) -> None:
     with pytest.raises(ValueError, match=rf"prompt: token id out of range \[0, {MAX_TOKEN_ID}\]: min {min(bad)}"):
         as_tokens(np.array(bad, dtype=np.int32), "prompt")
+    with pytest.raises(ValueError, match=rf"prompt: token id out of range \[0, {MAX_TOKEN_ID}\]: min {min(bad)}"):
+        as_tokens(np.array(bad, dtype=np.int32), "prompt", copy=True)  # the copying path (compiled or not)
+
+
+@pytest.mark.parametrize("n", [0, 1, 4097])
+def test_an_owned_copy_is_equal_writable_and_shares_nothing(n: int) -> None:
+    a = np.arange(n, dtype=np.int32)
+    a.flags.writeable = n % 2 == 0  # a read-only prompt is copied all the same
+    out = as_tokens(a, copy=True)
+    assert out.dtype == np.int32 and out.tolist() == a.tolist() and out.flags.writeable
+    assert out is not a and not np.shares_memory(out, a)
 
 
 def test_other_layouts_still_take_the_general_path() -> None:
