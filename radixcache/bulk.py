@@ -15,13 +15,15 @@ import logging
 from collections.abc import Sequence
 
 from radixcache.errors import RequestStateError
-from radixcache.events.types import DISK
 from radixcache.namespace import Namespace, check_tag
 from radixcache.request import Request
 from radixcache.tenants.ledger import StorageShare, TenantLedger
 from radixcache.tenants.quota import TenantKey
 from radixcache.tenants.retention import Retention
 from radixcache.tenants.tags import TagBook
+from radixcache.offload import StorageConfig
+from radixcache.offload.valkey.config import ValkeyConfig
+from radixcache.tiers.config import with_quota_book
 from radixcache.tiers.contract import Tiers
 from radixcache.transfer import PageAllocator
 from radixcache.tree.node import Node
@@ -43,6 +45,7 @@ class CacheBulk:
         tags: TagBook | None = None,
         retention: Retention | None = None,
         ledger: TenantLedger | None = None,
+        own_storage: object = None,
     ) -> None:
         self.tree = tree
         self.pool = pool
@@ -52,35 +55,31 @@ class CacheBulk:
         self.tags = TagBook() if tags is None else tags
         self.retention = retention
         self.ledger = ledger
+        self.own_storage = own_storage  # the storage config as the user wrote it (TierConfig.storage)
         if retention is not None:
             retention.tree = tree
             retention.free = pool.free
-        extras = getattr(tiers, "put_extras", False)
-        if extras is None:  # tiers with storage: store jobs carry deadlines and tags
-            tiers.put_extras = self.put_extras  # type: ignore[attr-defined]
-            if retention is not None:
-                tiers.date_fetched = self.date_fetched  # type: ignore[attr-defined]
+        # store jobs carry deadlines and tags; pages read back are dated (retention)
+        tiers.bind_records(self.put_extras, None if retention is None else self.date_fetched)
 
     def sync_storage_quotas(self) -> None:
         """Hand the quota book's byte quotas to the storage tier again (after a
-        run-time change): an LMDB store takes ``storage_bytes`` /
-        ``storage_floor`` over its own configured ones, a pool ``pool_bytes``.
-        A store that cannot change them at run time keeps those it opened with."""
+        run-time change), laid over the store's own configured ones
+        (``with_quota_book``, as at open): an LMDB store takes ``storage_bytes``
+        / ``storage_floor``, a pool ``pool_bytes``. A store that cannot change
+        them at run time keeps those it opened with."""
         book = None if self.ledger is None else self.ledger.book
         storage = getattr(self.tiers, "storage", None)
         setter = getattr(storage, "set_tenant_quotas", None)
-        if book is None or setter is None:
+        own = self.own_storage
+        if book is None or setter is None or not isinstance(own, (StorageConfig, ValkeyConfig)):
             return
         from radixcache.cache_config import pool_quotas, storage_quotas  # (it imports this module)
 
+        laid = with_quota_book(own, *storage_quotas(book), pool_quotas(book))
+        assert isinstance(laid, (StorageConfig, ValkeyConfig))
         try:
-            if storage.medium == DISK:  # type: ignore[union-attr]
-                quotas, default = storage_quotas(book)
-                own = storage.config  # type: ignore[union-attr]
-                setter({**own.tenant_quotas, **quotas}, default or own.tenant_quota_default)
-            else:
-                limits, pool_default = pool_quotas(book)
-                setter(limits, pool_default)
+            setter(laid.tenant_quotas, laid.tenant_quota_default)
         except Exception:  # never raised into the runner: the store keeps its quotas
             log.exception("the storage tier refused the new byte quotas; it keeps its own")
 

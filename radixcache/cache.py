@@ -93,7 +93,8 @@ class RadixCache(BulkCalls):
         self._capacity.bind(self.tree, self.tiers, self._gate)
         self._tags = TagBook()  # namespaces by tag, for invalidate()
         self._bulk = CacheBulk(self.tree, self.pool, self.tiers, self._live, self._forgets,
-                               self._tags, built.retention, ledger)
+                               self._tags, built.retention, ledger,
+                               None if config.tiers is None else config.tiers.storage)
         self.tenants = Tenants(self._gate, self._check_open, self._bulk.sync_storage_quotas,
                                self._bulk.storage_shares)
         self._retention = self._gate.retention = built.retention

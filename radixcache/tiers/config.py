@@ -6,6 +6,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from radixcache.offload import (
     HostPoolConfig,
@@ -27,6 +28,7 @@ from radixcache.offload.valkey.config import ValkeyConfig
 from radixcache.transfer import KVSpec
 
 log = logging.getLogger(__name__)
+_Own = TypeVar("_Own")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,33 +120,47 @@ def open_storage(
 ) -> StorageOpening:
     """The storage tier ``config`` asks for: LMDB (recovered or disabled when
     it cannot be opened, see offload/lmdb/opening.py), a Valkey pool, or
-    ``NullStorage``. ``tenant_quotas`` / ``tenant_quota_default``: per-tenant
-    byte quotas from the cache's quotas (``TenantQuota.storage_bytes`` and
-    ``storage_floor``), laid over the LMDB config's own (a tenant listed here
-    takes this quota; a default given here replaces the config's).
-    ``pool_quotas`` (per tenant, default): byte limits from ``pool_bytes``,
-    laid over a Valkey pool's ``tenant_quotas`` the same way."""
+    ``NullStorage``; the cache's byte quotas are laid over the store's own
+    config by ``with_quota_book``."""
     if config.storage is None:
         return StorageOpening(NullStorage(), "disabled")
     fingerprint = ModelFingerprint(
         config.model_id, spec.describe(), config.tp_rank, config.kv_shared_across_ranks
     )
-    target = config.storage
-    if isinstance(target, StorageConfig) and (tenant_quotas or tenant_quota_default):
-        target = dataclasses.replace(
-            target,
-            tenant_quotas={**target.tenant_quotas, **(tenant_quotas or {})},
-            tenant_quota_default=tenant_quota_default or target.tenant_quota_default,
+    pool, pool_default = pool_quotas
+    if (pool or pool_default is not None) and not isinstance(config.storage, ValkeyConfig):
+        log.warning("pool_bytes quotas are set but the storage tier (%s) does not enforce "
+                    "them: only a Valkey pool does", type(config.storage).__name__)
+    target = with_quota_book(config.storage, tenant_quotas, tenant_quota_default, pool_quotas)
+    return open_backend(target, spec, fingerprint)
+
+
+def with_quota_book(
+    own: _Own,
+    tenant_quotas: Mapping[bytes | None, tuple[int | None, int]] | None = None,
+    tenant_quota_default: tuple[int | None, int] | None = None,
+    pool_quotas: tuple[Mapping[bytes | None, int | None], int | None] = ({}, None),
+) -> _Own:
+    """The storage config ``own`` (as the user wrote it) with the cache's
+    byte quotas laid over its own: ``tenant_quotas`` / ``tenant_quota_default``
+    (``TenantQuota.storage_bytes`` and ``storage_floor``) over an LMDB
+    ``StorageConfig``'s, ``pool_quotas`` (per tenant, default: ``pool_bytes``)
+    over a Valkey pool's. A tenant the cache lists takes the cache's quota,
+    any other keeps the config's; a default the cache gives replaces the
+    config's. Any other config comes back as it is. Opening a store and a
+    quota change at run time both lay the book over the user's own config,
+    so a quota cleared at run time gives the tenant its configured one back."""
+    if isinstance(own, StorageConfig) and (tenant_quotas or tenant_quota_default):
+        return dataclasses.replace(
+            own,
+            tenant_quotas={**own.tenant_quotas, **(tenant_quotas or {})},
+            tenant_quota_default=tenant_quota_default or own.tenant_quota_default,
         )
     pool, pool_default = pool_quotas
-    if (pool or pool_default is not None) and not isinstance(target, ValkeyConfig):
-        log.warning("pool_bytes quotas are set but the storage tier (%s) does not enforce "
-                    "them: only a Valkey pool does", type(target).__name__)
-    if isinstance(target, ValkeyConfig) and (pool or pool_default is not None):
-        target = dataclasses.replace(
-            target,
-            tenant_quotas={**target.tenant_quotas, **pool},
-            tenant_quota_default=(pool_default if pool_default is not None
-                                  else target.tenant_quota_default),
+    if isinstance(own, ValkeyConfig) and (pool or pool_default is not None):
+        return dataclasses.replace(
+            own,
+            tenant_quotas={**own.tenant_quotas, **pool},
+            tenant_quota_default=pool_default if pool_default is not None else own.tenant_quota_default,
         )
-    return open_backend(target, spec, fingerprint)
+    return own

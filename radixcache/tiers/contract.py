@@ -21,6 +21,7 @@ from radixcache.namespace import Namespace
 from radixcache.tree.node import EMPTY_PAGES, InsertResult, MatchResult, Node, PageIds
 from radixcache.request import Request
 from radixcache.tiers.config import TierStats
+from radixcache.tiers.survivors import DateFetched, PutExtras
 
 
 class Tiers(Protocol):
@@ -44,6 +45,7 @@ class Tiers(Protocol):
     def stats(self) -> TierStats | None: ...
     def check_integrity(self) -> None: ...
     def close(self) -> None: ...
+    def bind_records(self, put_extras: PutExtras, date_fetched: DateFetched | None) -> None: ...
 
 
 class NullTiers:
@@ -102,3 +104,6 @@ class NullTiers:
 
     def close(self) -> None:
         pass
+
+    def bind_records(self, put_extras: PutExtras, date_fetched: DateFetched | None) -> None:
+        pass  # nothing is stored

@@ -36,7 +36,7 @@ from radixcache.tiers.forgets import Forgets
 from radixcache.tiers.host_index import HostIndex
 from radixcache.tiers.jobs import TierJob
 from radixcache.tiers.loads import LoadBack
-from radixcache.tiers.survivors import PutExtras
+from radixcache.tiers.survivors import DateFetched, PutExtras
 from radixcache.tiers.write_jobs import BackupJob, StoreJob
 from radixcache.namespace import Namespace
 from radixcache.tree.node import EMPTY_PAGES, InsertResult, MatchResult, Node, PageIds
@@ -107,7 +107,11 @@ class HostTiers:
         self.counters = TierCounters()
         self.forgets = Forgets(lambda: self.storage, self.tier_failed)  # epochs, deletions owed
         self.put_extras: PutExtras | None = None  # retention deadline and tags of a store job
-        self.date_fetched: Callable[[Node, list[bytes]], None] | None = None  # (retention)
+        self.date_fetched: DateFetched | None = None  # (retention)
+
+    def bind_records(self, put_extras: PutExtras, date_fetched: DateFetched | None) -> None:
+        """Store jobs record ``put_extras`` (deadline, tags); ``date_fetched`` dates reads."""
+        self.put_extras, self.date_fetched = put_extras, date_fetched
 
     @property
     def storage(self) -> Storage:

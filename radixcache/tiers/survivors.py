@@ -76,6 +76,7 @@ class SurvivorReport:
 # The retention deadline and the tags of a run of nodes a store job writes
 # (the cache's ``Retention.deadline`` and ``TagBook.tags_of``).
 PutExtras = Callable[[Sequence[Node]], tuple["float | None", tuple[str, ...]]]
+DateFetched = Callable[[Node, list[bytes]], None]  # pages read back for a node, by their keys
 
 
 def put_meta(ids: EventIds, nodes: Sequence[Node], extras: PutExtras | None = None) -> PutMeta:

@@ -148,3 +148,29 @@ def test_pages_read_back_from_the_pool_keep_their_values_deadline(server: Valkey
         assert second.peek(prompt(5, 3), Namespace("a")) == 0
     finally:
         second.close()
+
+
+def test_a_run_time_quota_change_keeps_the_limits_set_on_the_pool_config(server: ValkeyServer) -> None:
+    """The book is laid over the ``ValkeyConfig`` as the user wrote it, at
+    open and at each change: a tenant limited only by the pool config stays
+    limited after another tenant's quota changes, and a cleared quota gives a
+    tenant its configured limit back."""
+    from dataclasses import replace
+
+    a, b = Namespace("a").tenant, Namespace("b").tenant
+    pool = replace(storage_config(server.url), tenant_quotas={a: 3000, b: 4000})
+    tiers = TierConfig(host=HostPoolConfig(pages=32), write_policy="write_through",
+                       prefetch_policy="wait_complete", model_id="pool-own-limits", storage=pool)
+    cache = RadixCache(CacheConfig(spec=SPEC, device_pages=32, tiers=tiers,
+                                   quotas={"a": TenantQuota(pool_bytes=1000)}))
+    try:
+        storage = cache.tiers.storage  # type: ignore[attr-defined]
+        limits = {t: s.limit_bytes for t, s in storage.tenant_stats().items()}
+        assert limits[a] == 1000 and limits[b] == 4000  # at open
+        cache.tenants.set_quota("a", TenantQuota(pool_bytes=2000))
+        limits = {t: s.limit_bytes for t, s in storage.tenant_stats().items()}
+        assert limits[a] == 2000 and limits[b] == 4000  # b's own limit stays
+        cache.tenants.set_quota("a", TenantQuota())
+        assert storage.tenant_stats()[a].limit_bytes == 3000  # the pool config's again
+    finally:
+        cache.close()

@@ -45,3 +45,42 @@ def test_the_cache_quotas_are_laid_over_the_store_config(tmp_path: Path) -> None
         assert config.tenant_quota(Namespace("c").tenant) == (5000, 0)
     finally:
         opening.storage.close()
+
+
+def _limit_in_force(storage: object, tenant: bytes | None, want: int | None) -> int | None:
+    """The tenant's limit as the store reports it, once the writer thread has
+    applied the last change (a run-time change is queued behind earlier jobs)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        got = storage.tenant_stats()[tenant].limit_bytes  # type: ignore[attr-defined]
+        if got == want or time.monotonic() > deadline:
+            return got  # type: ignore[no-any-return]
+        time.sleep(0.01)
+
+
+def test_a_quota_cleared_at_run_time_gives_the_tenant_its_configured_one_back(tmp_path: Path) -> None:
+    """The book is laid over the store's config as the user wrote it, at open
+    and at every run-time change alike: clearing the cache's quota of a
+    tenant brings back the one its ``StorageConfig`` sets, and a change for
+    one tenant leaves another's configured quota alone."""
+    from radixcache import CacheConfig, RadixCache
+    from radixcache.offload import HostPoolConfig
+
+    a, b = Namespace("a").tenant, Namespace("b").tenant
+    own = StorageConfig(path=tmp_path / "s", tenant_quotas={a: (7000, 0), b: (9000, 0)})
+    tiers = TierConfig(host=HostPoolConfig(pages=8), storage=own)
+    cache = RadixCache(CacheConfig(spec=SPEC, device_pages=8, tiers=tiers,
+                                   quotas={"a": TenantQuota(storage_bytes=5000)}))
+    try:
+        storage = cache.tiers.storage  # type: ignore[attr-defined]
+        assert _limit_in_force(storage, a, 5000) == 5000  # the book's, at open
+        cache.tenants.set_quota("a", TenantQuota(storage_bytes=6000))
+        assert _limit_in_force(storage, a, 6000) == 6000
+        assert _limit_in_force(storage, b, 9000) == 9000
+        cache.tenants.set_quota("a", TenantQuota())  # cleared: the store's own again
+        assert _limit_in_force(storage, a, 7000) == 7000
+        assert _limit_in_force(storage, b, 9000) == 9000
+    finally:
+        cache.close()
