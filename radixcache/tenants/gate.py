@@ -67,6 +67,23 @@ class TenantGate:
         ns = self._serving
         return ANY if ns is None else self.ledger.key(ns)
 
+    def back_up_victim(self, node: Node) -> None:
+        """``before_drop`` for a device eviction for the requester: the tiers
+        back the victim ``node`` up (write-back) for the requester's
+        pressure, so the victim's tenant, unless it is the requester, keeps
+        its host floor (``HostQuota.evicting_for``)."""
+        hook, host = self.before_drop, self.host
+        if hook is None:
+            return
+        if host is None:
+            hook(node)
+            return
+        host.evicting_for = self.requester
+        try:
+            hook(node)
+        finally:
+            host.evicting_for = None
+
     def admitted(self, namespace: Namespace, prompt: int, device: int, cached: int) -> None:
         c = self.ledger.counters_of(namespace)
         c.requests += 1
