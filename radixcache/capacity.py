@@ -119,7 +119,8 @@ class DeviceCapacity:
         if ev is None:
             freed = tree.evict(num_pages, self.tiers.before_device_drop).device_pages
         else:
-            freed = ev.evict(num_pages, self.tiers.before_device_drop, gate.requester).device_pages  # type: ignore[union-attr]
+            # (victims' backups are made for the requester too: host floors hold against it)
+            freed = ev.evict(num_pages, gate.back_up_victim, gate.requester).device_pages  # type: ignore[union-attr]
         if freed.size:
             self.pool.free(freed)
             self.counters.evicted_pages += int(freed.size)

@@ -16,6 +16,13 @@ looking at anyone else's, and a global pass takes, at each step, the oldest
 requester's evictable pages plus, for each other tenant, its evictable pages
 above its floor. The allocation ladder compares it with what it needs before
 evicting anything, so a refused allocation evicts nothing (invariant 10).
+
+A floor keeps cached pages. Pages of a forgotten namespace that a request
+or job still holds (``forgotten`` nodes under detached roots) count in the
+tenant's device pages until they go, but can never be served again, so
+they hold no floor: what is above a floor is the tenant's pages less those
+(``dead_pages``, a walk over the detached roots only: empty unless a
+forget waits for its holders).
 """
 
 from __future__ import annotations
@@ -30,6 +37,26 @@ from radixcache.tree.node import EvictResult, Node, PageIds, concat_pages
 from radixcache.tree.policies import EvictionPolicy
 
 ANY = object()  # evict(): no requester (RadixCache.evict): floors hold against everyone
+
+
+def dead_pages(tree: EvictedTree, ledger: TenantLedger, host: bool) -> dict[TenantKey, int]:
+    """Per tenant, the device pages (``host``: host copies) of forgotten
+    namespaces' nodes still in ``tree`` (held by requests or jobs, under
+    detached roots): counted in the ledger, kept by no floor."""
+    out: dict[TenantKey, int] = {}
+    roots = tree.removal.detached
+    if not roots:
+        return out
+    for root in roots:
+        stack = list(root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            pages = node.host if host else node.device
+            if pages is not None:
+                key = ledger.key(node.namespace)
+                out[key] = out.get(key, 0) + int(pages.size)
+    return out
 
 
 class TenantEviction(DeviceEviction):
@@ -89,21 +116,23 @@ class TenantEviction(DeviceEviction):
         return None
 
     # ------------------------------------------------------------------ budgets
-    def room_above_floor(self, tenant: TenantKey) -> int:
-        """Device pages of ``tenant`` that another tenant's pressure may take."""
+    def room_above_floor(self, tenant: TenantKey, dead: dict[TenantKey, int]) -> int:
+        """Device pages of ``tenant`` that another tenant's pressure may take
+        (``dead``: ``dead_pages`` of the tree, which hold no floor)."""
         ledger = self.ledger
         floor = ledger.quota(tenant).device_floor
-        return max(0, ledger.device.get(tenant, 0) - floor)
+        return max(0, ledger.device.get(tenant, 0) - dead.get(tenant, 0) - floor)
 
     def takeable(self, requester: object) -> int:
         """Pages ``evict(..., requester)`` can free, page-exact (see the module)."""
         ledger = self.ledger
+        dead = dead_pages(self.tree, ledger, host=False)
         total = 0
         for tenant, evictable in ledger.evictable.items():
             if tenant == requester and requester is not ANY:
                 total += evictable
             else:
-                total += min(evictable, self.room_above_floor(tenant))
+                total += min(evictable, self.room_above_floor(tenant, dead))
         return total
 
     # ------------------------------------------------------------------ eviction
@@ -126,6 +155,10 @@ class TenantEviction(DeviceEviction):
         count = 0
         skipped: list[Node] = []
         blocked: set[TenantKey] = set()  # tenants at their floor for this pass
+        # Fixed for the pass: a dead victim taken then lowers a tenant's room
+        # like a live one, which keeps the floors and still frees what
+        # ``takeable`` promised (the room at the start, or every victim).
+        dead = dead_pages(tree, self.ledger, host=False)
         while count < num_pages:
             pick = self._pick(requester, own_only, blocked)
             if pick is None:
@@ -135,7 +168,7 @@ class TenantEviction(DeviceEviction):
             assert isinstance(node, Node) and node.device is not None
             want = num_pages - count
             if tenant != requester or requester is ANY:
-                room = self.room_above_floor(tenant)
+                room = self.room_above_floor(tenant, dead)
                 if room <= 0:
                     blocked.add(tenant)  # at its floor: nothing more of it goes
                     continue

@@ -14,8 +14,12 @@ it only counts (per-tenant requests and hit tokens); with them:
   cached already), so a tenant never goes over its limit.
 * ``load_room``: a load back from the host or storage of n pages for T
   makes room the same way, or is skipped (a miss: the request recomputes).
+  Both count T's loads in flight (``TenantLedger.device_in_flight``) as
+  held: their pages enter the tree when they land, granted already.
 * ``requester``: the tenant an allocation is for; the capacity ladder
-  evicts for it (``TenantEviction.evict``: floors hold against it).
+  evicts for it (``TenantEviction.evict``: floors hold against it), and
+  its victims' backups are made for it too (``back_up_victim``: host
+  floors hold against it).
 * ``enforce``: after a quota change, the tenant's device pages and (with a
   host tier: ``host``, radixcache/tenants/host.py) its host copies are
   evicted down to its new limits.
@@ -63,6 +67,23 @@ class TenantGate:
         ns = self._serving
         return ANY if ns is None else self.ledger.key(ns)
 
+    def back_up_victim(self, node: Node) -> None:
+        """``before_drop`` for a device eviction for the requester: the tiers
+        back the victim ``node`` up (write-back) for the requester's
+        pressure, so the victim's tenant, unless it is the requester, keeps
+        its host floor (``HostQuota.evicting_for``)."""
+        hook, host = self.before_drop, self.host
+        if hook is None:
+            return
+        if host is None:
+            hook(node)
+            return
+        host.evicting_for = self.requester
+        try:
+            hook(node)
+        finally:
+            host.evicting_for = None
+
     def admitted(self, namespace: Namespace, prompt: int, device: int, cached: int) -> None:
         c = self.ledger.counters_of(namespace)
         c.requests += 1
@@ -70,18 +91,24 @@ class TenantGate:
         c.device_hit_tokens += device
         c.lower_hit_tokens += cached - device
 
+    def _held(self, key: object) -> int:
+        """``key``'s cached device pages plus those its loads in flight will
+        add to the tree (granted already: they count from the start)."""
+        ledger = self.ledger
+        cached = ledger.device.get(key, 0)  # type: ignore[call-overload]
+        return cached + ledger.device_in_flight.get(key, 0)  # type: ignore[call-overload]
+
     def _make_room(self, key: object, limit: int, n: int) -> int:
         """Evict ``key``'s own pages so ``n`` more fit under ``limit`` if they
         can; returns how many of the ``n`` fit."""
-        ledger = self.ledger
-        held = ledger.device.get(key, 0)  # type: ignore[call-overload]
+        held = self._held(key)
         over = held + n - limit
         ev = self.eviction
         if over > 0 and ev is not None:
             freed = ev.evict_own(key, over, self.before_drop).device_pages  # type: ignore[arg-type]
             if freed.size:
                 self._free(freed)  # (the cache counts them as evicted)
-            held = ledger.device.get(key, 0)  # type: ignore[call-overload]
+            held = self._held(key)
         return max(0, min(n, limit - held))
 
     def cap_insert(self, namespace: Namespace, shared: int, full: int, before: int) -> int:

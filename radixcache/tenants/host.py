@@ -16,12 +16,23 @@ tiers' ``allocate_host`` becomes ``HostQuota.allocate``:
   raised before (host allocation may fail) and does not now.
 * **floor** (``TenantQuota.host_floor``): when the pool itself is short,
   victims go in policy order across tenants, but never one that would take
-  a tenant other than T below its floor: a victim larger than what its
+  a tenant other than T below its floor (host copies of a forgotten
+  namespace that jobs still hold keep no floor): a victim larger than what its
   tenant has above the floor is cut (``tree.split``) so that only its tail
   goes, page-exact. Those evictions count in the victim tenant's
   ``host_pressure_evicted_pages``. When the free pages plus T's own and
   every other tenant's pages above its floor are fewer than n, nothing is
   evicted: the backup or fetch is skipped at once.
+* **backups of another's victims**: when the device evicts T's pages for
+  another tenant R's request, or for nobody (the runner's ``evict``), and
+  the write policy backs them up (write-back), the host pages are taken
+  for R's pressure, not T's (``evicting_for``, set by
+  ``TenantGate.back_up_victim``): T's own copies make room under T's limit
+  only above T's host floor (a victim cut page-exact at the floor; if that
+  cannot make room, nothing of T's goes and the backup is skipped), and a
+  short pool is a pass for R (for nobody: every floor holds). Else a
+  backup would swap T's older copies below its floor for new ones, which
+  other tenants' pressure must never do.
 
 Every host copy that goes is dropped through ``HostTiers.evict_host_copy``,
 which announces it (``BlockRemoved`` on the host medium) like any host
@@ -32,6 +43,7 @@ lands (``HostIndex.settle``). Owner thread only.
 from __future__ import annotations
 
 from radixcache.namespace import Namespace
+from radixcache.tenants.eviction import dead_pages
 from radixcache.tenants.host_eviction import TenantHostEviction
 from radixcache.tenants.ledger import TenantLedger
 from radixcache.tenants.quota import QuotaBook, TenantKey
@@ -48,20 +60,26 @@ class HostQuota:
         self.ledger = ledger
         self.book = book
         self.eviction = eviction
+        # Whose device eviction the allocations made now back victims up for
+        # (a tenant, or ANY: the runner's evict); None: the pages' own tenant's.
+        # Set by ``TenantGate.back_up_victim`` around one victim's backup.
+        self.evicting_for: object = None
 
     def allocate(self, n: int, namespace: Namespace) -> PageIds | None:
         """``n`` host pages for ``namespace``'s tenant, reserved for it; None
         if its limit or the pool leaves no room (see the module)."""
         ledger = self.ledger
         key = ledger.key(namespace)
+        by = self.evicting_for
+        requester = key if by is None else by  # whose pressure this allocation serves
         limit = self.book.get(key).host_pages
-        if limit is not None and not self._fit(key, limit, n):
+        if limit is not None and not self._fit(key, limit, n, keep_floor=requester != key):
             ledger.of(key).host_dropped_pages += n
             return None
         pool = self.tiers.host
         pages = pool.allocate(n)
-        if pages is None and pool.free_count + self._takeable(key) >= n:
-            self._evict(key, n - pool.free_count, own=False)
+        if pages is None and pool.free_count + self._takeable(requester) >= n:
+            self._evict(requester, n - pool.free_count, own=False)  # type: ignore[arg-type]
             pages = pool.allocate(n)
         if pages is not None:
             ledger.reserve_host(namespace, n)
@@ -77,40 +95,54 @@ class HostQuota:
         over = ledger.host.get(key, 0) + ledger.host_in_flight.get(key, 0) - limit
         return self._evict(key, over, own=True) if over > 0 else 0
 
-    def _fit(self, key: TenantKey, limit: int, n: int) -> bool:
+    def _fit(self, key: TenantKey, limit: int, n: int, keep_floor: bool) -> bool:
         """Whether ``n`` more host pages fit ``key``'s ``limit``, after
-        evicting its own host copies where that helps."""
+        evicting its own host copies where that helps (with ``keep_floor``,
+        only those above its host floor: the pages are backups of victims
+        of another's device eviction)."""
         ledger = self.ledger
         flying = ledger.host_in_flight.get(key, 0)
         if n + flying > limit:
             return False  # not even with every copy of its own gone: evict nothing
         over = ledger.host.get(key, 0) + flying + n - limit
+        if over > 0 and keep_floor and over > self._room_above_floor(key, self._dead()):
+            return False  # only with copies its floor keeps: evict nothing
         if over > 0:
-            self._evict(key, over, own=True)
+            self._evict(key, over, own=True, keep_floor=keep_floor)
             over = ledger.host.get(key, 0) + flying + n - limit
         return over <= 0
 
-    def _takeable(self, requester: TenantKey) -> int:
-        """An upper bound of what a pass for ``requester`` may free: its own
-        host pages and every other tenant's above its floor (copies in use
-        may not go either). Below what is needed, nothing is evicted."""
+    def _takeable(self, requester: object) -> int:
+        """An upper bound of what a pass for ``requester`` (a tenant, or ANY:
+        nobody) may free: its own host pages and every other tenant's above
+        its floor (copies in use may not go either). Below what is needed,
+        nothing is evicted."""
+        dead = self._dead()
         total = 0
         for tenant, held in self.ledger.host.items():
-            total += held if tenant == requester else max(0, self._room_above_floor(tenant))
+            total += held if tenant == requester else max(0, self._room_above_floor(tenant, dead))
         return total
 
-    def _room_above_floor(self, tenant: TenantKey) -> int:
-        return self.ledger.host.get(tenant, 0) - self.book.get(tenant).host_floor
+    def _dead(self) -> dict[TenantKey, int]:
+        """Host copies of forgotten namespaces still held, per tenant: no
+        floor keeps them (radixcache/tenants/eviction.py)."""
+        return dead_pages(self.tiers.tree, self.ledger, host=True)
 
-    def _evict(self, requester: TenantKey, want: int, own: bool) -> int:
+    def _room_above_floor(self, tenant: TenantKey, dead: dict[TenantKey, int]) -> int:
+        held = self.ledger.host.get(tenant, 0) - dead.get(tenant, 0)
+        return held - self.book.get(tenant).host_floor
+
+    def _evict(self, requester: TenantKey, want: int, own: bool, keep_floor: bool = False) -> int:
         """Drop up to ``want`` host pages (whole victims, more if the last is
-        larger): ``own``: of ``requester`` alone, in its policy order; else
-        of every tenant in policy order, keeping tenants other than
-        ``requester`` at or above their floors. Returns the pages freed."""
+        larger): ``own``: of ``requester`` alone, in its policy order (with
+        ``keep_floor``, keeping it at or above its floor); else of every
+        tenant in policy order, keeping tenants other than ``requester`` at
+        or above their floors. Returns the pages freed."""
         ev, tiers, ledger = self.eviction, self.tiers, self.ledger
         ev.refresh()
         freed = 0
         blocked: set[TenantKey] = set()  # tenants at their floor for this pass
+        dead = self._dead()  # fixed for the pass (as for the device: TenantEviction.evict)
         while freed < want:
             if own:
                 node = ev.first_of(requester)
@@ -124,9 +156,11 @@ class HostQuota:
                 tenant, node = pick
             assert node.host is not None
             keep = 0  # leading pages the floor keeps
-            if tenant != requester:
-                room = self._room_above_floor(tenant)
+            if tenant != requester or keep_floor:
+                room = self._room_above_floor(tenant, dead)
                 if room <= 0:
+                    if own:
+                        break  # its own copies were all it could give
                     blocked.add(tenant)  # at its floor: nothing more of it goes
                     continue
                 size = int(node.host.size)

@@ -4,7 +4,11 @@
 device counts exact as pages come and go (attach, extend, drop, removal,
 reset); with quotas on, also the evictable (unlocked) device pages per
 tenant, which the allocation ladder needs to know what eviction may take
-for whom. The host tier keeps ``host`` likewise (``HostIndex``: every host
+for whom, and ``device_in_flight``: device pages of a tenant's loads back
+from the host or storage that have not landed in the tree yet (reserved
+by the load jobs when they start, settled when they land), so that a
+commit or another load of the tenant cannot take the room a load in flight
+was granted. The host tier keeps ``host`` likewise (``HostIndex``: every host
 copy attached, dropped or discarded) and, with quotas on, ``host_in_flight``:
 host pages allocated for a tenant's backup or fetch that has not landed yet
 (reserved by ``radixcache.tenants.host``, settled by the job when it lands),
@@ -77,6 +81,7 @@ class TenantLedger:
         self.book = book  # None: no quotas (counts and counters only)
         self.device: dict[TenantKey, int] = {}  # cached device pages
         self.evictable: dict[TenantKey, int] = {}  # of those, unlocked (with quotas only)
+        self.device_in_flight: dict[TenantKey, int] = {}  # loads not landed (with quotas only)
         self.host: dict[TenantKey, int] = {}  # host-pool pages (attached host copies)
         self.host_in_flight: dict[TenantKey, int] = {}  # reserved for jobs (with quotas only)
         self.counters: dict[TenantKey, TenantCounters] = {}
@@ -126,9 +131,37 @@ class TenantLedger:
         """``n`` device pages of the tenant became evictable (n > 0) or locked."""
         _add(self.evictable, self.key(namespace), n)
 
+    def reserve_load(self, namespace: Namespace, n: int) -> None:
+        """A load of ``n`` device pages of ``namespace`` started: they count
+        against its tenant's device limit until ``settle_load``. No-op
+        without quotas."""
+        if self.book is not None:
+            _add(self.device_in_flight, self.key(namespace), n)
+
+    def settle_load(self, namespace: Namespace, n: int) -> None:
+        """A load's ``n`` reserved device pages landed (counted in ``device``
+        now) or went back to the pool. No-op without quotas."""
+        if self.book is not None:
+            _add(self.device_in_flight, self.key(namespace), -n)
+
+    def check_loads(self, in_flight: Iterable[tuple[Namespace, int]]) -> None:
+        """AssertionError unless, with quotas, ``device_in_flight`` equals
+        ``in_flight`` (what live load jobs reserved), summed per tenant."""
+        if self.book is None:
+            return
+        flying: dict[TenantKey, int] = {}
+        for namespace, n in in_flight:
+            if n:
+                key = self.key(namespace)
+                flying[key] = flying.get(key, 0) + n
+        assert self.device_in_flight == flying, (
+            f"ledger device pages in flight {self.device_in_flight} != the loads' {flying}"
+        )
+
     def clear_device(self) -> None:
         self.device.clear()
         self.evictable.clear()
+        self.device_in_flight.clear()
 
     # ------------------------------------------------------------------ host counts
     def add_host(self, namespace: Namespace, n: int) -> None:

@@ -52,10 +52,13 @@ class HostLedger(Protocol):
     def add_host(self, namespace: Namespace, n: int) -> None: ...
     def sub_host(self, namespace: Namespace, n: int) -> None: ...
     def settle_host(self, namespace: Namespace, n: int) -> None: ...
+    def reserve_load(self, namespace: Namespace, n: int) -> None: ...
+    def settle_load(self, namespace: Namespace, n: int) -> None: ...
     def clear_host(self) -> None: ...
     def check_host(
         self, held: Mapping[Namespace, int], in_flight: Iterable[tuple[Namespace, int]]
     ) -> None: ...
+    def check_loads(self, in_flight: Iterable[tuple[Namespace, int]]) -> None: ...
 
 
 class NoHostLedger:
@@ -70,7 +73,16 @@ class NoHostLedger:
     def settle_host(self, namespace: Namespace, n: int) -> None:
         pass
 
+    def reserve_load(self, namespace: Namespace, n: int) -> None:
+        pass
+
+    def settle_load(self, namespace: Namespace, n: int) -> None:
+        pass
+
     def clear_host(self) -> None:
+        pass
+
+    def check_loads(self, in_flight: Iterable[tuple[Namespace, int]]) -> None:
         pass
 
     def check_host(
@@ -214,6 +226,17 @@ class HostIndex:
         are attached."""
         self.ledger.settle_host(namespace, n)
 
+    def reserve_load(self, namespace: Namespace, n: int) -> None:
+        """A load of ``n`` device pages of ``namespace`` into the tree started
+        (host -> device, or storage -> host -> device): with quotas they
+        count against its tenant's device limit until ``settle_load``."""
+        self.ledger.reserve_load(namespace, n)
+
+    def settle_load(self, namespace: Namespace, n: int) -> None:
+        """A load's ``n`` reserved device pages entered the tree or went back
+        to the pool (or to a request's own pages). Once per ``reserve_load``."""
+        self.ledger.settle_load(namespace, n)
+
     # ------------------------------------------------------------------ holds
     @staticmethod
     def hold(nodes: Sequence[Node], loading: bool = False) -> None:
@@ -248,12 +271,14 @@ class HostIndex:
         holds: dict[Node, tuple[int, int]],
         job_host_pages: Sequence[PageIds],
         reserved: Iterable[tuple[Namespace, int]] = (),
+        loads: Iterable[tuple[Namespace, int]] = (),
     ) -> None:
         """Verify the host fields of ``nodes`` (every tree node) against the
         jobs in flight: ``holds`` maps a node to the (holds, loading) counts
         the live jobs account for; ``job_host_pages`` are host pages jobs own;
         ``reserved``: the host pages live jobs were allocated, per namespace
-        (the ledger's pages in flight)."""
+        (the ledger's pages in flight); ``loads``: the device pages live
+        loads reserved, per namespace (the ledger's device pages in flight)."""
         self.pool.check_integrity()
         total = 0
         per_namespace: dict[Namespace, int] = {}
@@ -272,6 +297,7 @@ class HostIndex:
         assert not stray, f"jobs hold {len(stray)} nodes that are not in the tree"
         assert total == self.host_pages, f"host_pages {self.host_pages} != {total}"
         self.ledger.check_host(per_namespace, reserved)
+        self.ledger.check_loads(loads)
         ids = np.concatenate([self.host_page_ids(nodes), *job_host_pages])
         assert np.unique(ids).size == ids.size, "a host page is owned twice"
         allocated = self.pool.allocated_ids()

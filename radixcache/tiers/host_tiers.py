@@ -408,8 +408,9 @@ class HostTiers:
                 h, ld = holds.get(node, (0, 0))
                 holds[node] = (h + 1, ld + job.loading)
         reserved = [r for r in (job.host_reserved() for job in self.jobs) if r is not None]
+        loads = [r for r in (job.device_reserved() for job in self.jobs) if r is not None]
         self.index.check_integrity(
-            list(self.tree.nodes()), holds, [job.host_pages() for job in self.jobs], reserved
+            list(self.tree.nodes()), holds, [job.host_pages() for job in self.jobs], reserved, loads
         )
 
     def close(self) -> None:

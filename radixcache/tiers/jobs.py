@@ -5,7 +5,8 @@ starts (tree locks, node holds, pages it owns), submits its copy or storage
 operation to the offload controller, and applies the result in
 ``finish(ok)``, called by ``HostTiers.poll()`` on the owner thread once the
 move is done. ``finish`` releases every hold the job took (and settles the
-host pages allocated for it in the tenants' ledger); no other code
+host pages allocated for it, and the device pages a load brings into the
+tree, in the tenants' ledger); no other code
 releases them, and ``check_integrity`` compares every node's holds with those
 the live jobs account for::
 
@@ -139,6 +140,12 @@ class TierJob(ABC):
     def device_pages(self) -> PageIds:
         """Device pages this job owns (neither the tree's nor a request's)."""
         return EMPTY_PAGES
+
+    def device_reserved(self) -> tuple[Namespace, int] | None:
+        """The namespace and count of the device pages this job brings into
+        the tree (a load: reserved against its tenant's device limit until
+        it lands, ``HostIndex.reserve_load``); None if none."""
+        return None
 
     @property
     def num_pages(self) -> int:

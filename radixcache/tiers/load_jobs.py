@@ -45,12 +45,16 @@ class LoadJob(TierJob):
         self.req = req  # the request waiting for it (None once given up)
         self.before = before  # the request's lock before this load (for a rollback)
         self.start_page = start_page  # index in the request's table of the first page
+        self.namespace = self.last.namespace
         rt.tree.lock(self.last)  # protect the nodes first: making room may evict host pages
         rt.index.hold(nodes, loading=True)
         self._nodes = nodes
 
     def start(self, host_pages: PageIds, device_pages: PageIds) -> None:
+        """Copy ``host_pages`` into ``device_pages``; those count against the
+        tenant's device limit from now until the load lands."""
         self._submitted(self.rt.controller.load(host_pages, device_pages, self))
+        self.rt.index.reserve_load(self.namespace, self.pages)
 
     def cancel(self) -> None:
         """Not started after all (no device room): release the holds."""
@@ -71,8 +75,12 @@ class LoadJob(TierJob):
         assert pages is not None
         return pages
 
+    def device_reserved(self) -> tuple[Namespace, int] | None:
+        return self.namespace, self.pages
+
     def _land(self, ok: bool) -> None:
         rt = self.rt
+        rt.index.settle_load(self.namespace, self.pages)  # attached below, or freed
         nodes = self.held()
         rt.index.release(nodes, loading=True)
         rt.tree.unlock(self.last)
@@ -178,6 +186,7 @@ class FetchJob(TierJob):
                 self.namespace.tenant,
             )  # fmt: skip
         )
+        rt.index.reserve_load(self.namespace, n)  # until it lands (a chained load takes over)
 
     def give_up(self) -> None:
         self.req = None
@@ -191,12 +200,16 @@ class FetchJob(TierJob):
     def device_pages(self) -> PageIds:
         return self.dev
 
+    def device_reserved(self) -> tuple[Namespace, int] | None:
+        return self.namespace, self.submitted.num_pages
+
     def _land(self, ok: bool) -> None:
         rt = self.rt
         p = rt.page_size
         move = self.submitted
         n = move.num_pages
         rt.index.settle(self.namespace, n)  # attached below (those that arrived), or freed
+        rt.index.settle_load(self.namespace, n)  # a chained LoadJob reserves what it loads
         got = int(move.ticket.result()) if ok else 0
         if not rt.may_land(self.namespace, self.epoch):
             got = 0  # the namespace was forgotten meanwhile: nothing of it lands

@@ -116,7 +116,6 @@ RetentionMachine.TestCase.settings = settings(
     stateful_step_count=50,
     deadline=None,
     database=None,
-    derandomize=True,  # the same examples every run (open quota bugs: test_tier_quota_property.py)
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
