@@ -149,11 +149,7 @@ class TenantLedger:
         ``in_flight`` (what live load jobs reserved), summed per tenant."""
         if self.book is None:
             return
-        flying: dict[TenantKey, int] = {}
-        for namespace, n in in_flight:
-            if n:
-                key = self.key(namespace)
-                flying[key] = flying.get(key, 0) + n
+        flying = self._per_tenant(in_flight)
         assert self.device_in_flight == flying, (
             f"ledger device pages in flight {self.device_in_flight} != the loads' {flying}"
         )
@@ -198,22 +194,23 @@ class TenantLedger:
         """AssertionError unless ``host`` equals ``held`` (host pages of the
         tree's nodes, per namespace) and, with quotas, ``host_in_flight``
         equals ``in_flight`` (what live jobs reserved), summed per tenant."""
-        want: dict[TenantKey, int] = {}
-        for namespace, n in held.items():
-            if n:
-                key = self.key(namespace)
-                want[key] = want.get(key, 0) + n
+        want = self._per_tenant(held.items())
         assert self.host == want, f"ledger host pages {self.host} != the tree's {want}"
         if self.book is None:
             return
-        flying: dict[TenantKey, int] = {}
-        for namespace, n in in_flight:
-            if n:
-                key = self.key(namespace)
-                flying[key] = flying.get(key, 0) + n
+        flying = self._per_tenant(in_flight)
         assert self.host_in_flight == flying, (
             f"ledger host pages in flight {self.host_in_flight} != the jobs' {flying}"
         )
+
+    def _per_tenant(self, counts: Iterable[tuple[Namespace, int]]) -> dict[TenantKey, int]:
+        """``counts`` per namespace summed per tenant (zeros left out), for the checks."""
+        out: dict[TenantKey, int] = {}
+        for namespace, n in counts:
+            if n:
+                key = self.key(namespace)
+                out[key] = out.get(key, 0) + n
+        return out
 
     # ------------------------------------------------------------------ views
     def stats(self) -> dict[str, TenantStats]:
