@@ -144,6 +144,18 @@ class TenantLedger:
         if self.book is not None:
             _add(self.device_in_flight, self.key(namespace), -n)
 
+    def load_fits(self, namespace: Namespace, n: int) -> bool:
+        """Whether ``n`` more device pages of the tenant fit its device limit
+        next to what it holds and what other loads will add (True without
+        quotas or a limit)."""
+        if self.book is None:
+            return True
+        key = self.key(namespace)
+        limit = self.book.get(key).device_pages
+        if limit is None:
+            return True
+        return self.device.get(key, 0) + self.device_in_flight.get(key, 0) + n <= limit
+
     def check_loads(self, in_flight: Iterable[tuple[Namespace, int]]) -> None:
         """AssertionError unless, with quotas, ``device_in_flight`` equals
         ``in_flight`` (what live load jobs reserved), summed per tenant."""

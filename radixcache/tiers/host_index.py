@@ -54,6 +54,7 @@ class HostLedger(Protocol):
     def settle_host(self, namespace: Namespace, n: int) -> None: ...
     def reserve_load(self, namespace: Namespace, n: int) -> None: ...
     def settle_load(self, namespace: Namespace, n: int) -> None: ...
+    def load_fits(self, namespace: Namespace, n: int) -> bool: ...
     def clear_host(self) -> None: ...
     def check_host(
         self, held: Mapping[Namespace, int], in_flight: Iterable[tuple[Namespace, int]]
@@ -78,6 +79,9 @@ class NoHostLedger:
 
     def settle_load(self, namespace: Namespace, n: int) -> None:
         pass
+
+    def load_fits(self, namespace: Namespace, n: int) -> bool:
+        return True
 
     def clear_host(self) -> None:
         pass
@@ -236,6 +240,10 @@ class HostIndex:
         """A load's ``n`` reserved device pages entered the tree or went back
         to the pool (or to a request's own pages). Once per ``reserve_load``."""
         self.ledger.settle_load(namespace, n)
+
+    def load_fits(self, namespace: Namespace, n: int) -> bool:
+        """Whether ``n`` more device pages fit the tenant's device limit now."""
+        return self.ledger.load_fits(namespace, n)
 
     # ------------------------------------------------------------------ holds
     @staticmethod

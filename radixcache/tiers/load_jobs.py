@@ -89,6 +89,8 @@ class LoadJob(TierJob):
         ok = ok and (
             first_parent is None or first_parent.parent is None or first_parent.device is not None
         )
+        if ok and self.req is None and not rt.index.load_fits(self.namespace, self.pages):
+            ok = False  # nobody waits, and its tenant's limit was lowered meanwhile: freed
         if ok:
             for node, pages in share_out(nodes, device, rt.page_size):
                 rt.tree.below.attach_device(node, pages)

@@ -134,6 +134,33 @@ def test_a_load_in_flight_counts_against_the_device_limit() -> None:
     assert cache.tenants.stats()["a"].device_pages == 3
 
 
+def test_a_load_given_up_does_not_land_over_a_limit_lowered_meanwhile() -> None:
+    """A's limit is lowered under pages a live request locks while a load
+    nobody waits for any more is in flight: the load's pages go back to the
+    pool when it lands (its host copy stays), A does not grow over."""
+    cache = make({"a": TenantQuota()}, prefetch="best_effort")
+    engine = manual_copies(cache)
+    back = prompt(1, 1)
+    serve(cache, A, back)
+    engine.close()
+    assert cache.evict(1) == 1
+    cache.drain()
+    holder = serve(cache, A, prompt(2, 3), release=False)  # three pages, locked
+    req = cache.admit(back, A)  # loads its page back: one more for A, in flight
+    assert [kind for kind, _, _ in engine.pending] == ["h2d"]
+    cache.commit(req, 0)  # best effort: given up
+    cache.release(req)
+    cache.tenants.set_quota("a", TenantQuota(device_pages=2))  # under the locked three
+    free = cache.pool.free_count
+    engine.close()  # the load lands
+    cache.poll()
+    cache.check_integrity()
+    assert device_pages_of(cache, A) == 3  # the locked pages only: not grown
+    assert cache.pool.free_count == free + 1  # the load's page went back
+    assert host_pages_of(cache, A, back) == 1  # still cached on the host
+    cache.release(holder)
+
+
 def test_forgotten_pages_a_request_holds_keep_no_device_floor() -> None:
     cache = make({"a": TenantQuota(device_floor=1)})
     holder = serve(cache, A, prompt(1, 1), release=False)
