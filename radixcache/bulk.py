@@ -77,7 +77,6 @@ class CacheBulk:
         from radixcache.cache_config import pool_quotas, storage_quotas  # (it imports this module)
 
         laid = with_quota_book(own, *storage_quotas(book), pool_quotas(book))
-        assert isinstance(laid, (StorageConfig, ValkeyConfig))
         try:
             setter(laid.tenant_quotas, laid.tenant_quota_default)
         except Exception:  # never raised into the runner: the store keeps its quotas

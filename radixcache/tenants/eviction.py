@@ -44,10 +44,7 @@ def dead_pages(tree: EvictedTree, ledger: TenantLedger, host: bool) -> dict[Tena
     namespaces' nodes still in ``tree`` (held by requests or jobs, under
     detached roots): counted in the ledger, kept by no floor."""
     out: dict[TenantKey, int] = {}
-    roots = tree.removal.detached
-    if not roots:
-        return out
-    for root in roots:
+    for root in tree.removal.detached:
         stack = list(root.children.values())
         while stack:
             node = stack.pop()

@@ -91,24 +91,17 @@ class TenantGate:
         c.device_hit_tokens += device
         c.lower_hit_tokens += cached - device
 
-    def _held(self, key: object) -> int:
-        """``key``'s cached device pages plus those its loads in flight will
-        add to the tree (granted already: they count from the start)."""
-        ledger = self.ledger
-        cached = ledger.device.get(key, 0)  # type: ignore[call-overload]
-        return cached + ledger.device_in_flight.get(key, 0)  # type: ignore[call-overload]
-
     def _make_room(self, key: object, limit: int, n: int) -> int:
         """Evict ``key``'s own pages so ``n`` more fit under ``limit`` if they
         can; returns how many of the ``n`` fit."""
-        held = self._held(key)
+        held = self.ledger.device_held(key)  # type: ignore[arg-type]
         over = held + n - limit
         ev = self.eviction
         if over > 0 and ev is not None:
             freed = ev.evict_own(key, over, self.before_drop).device_pages  # type: ignore[arg-type]
             if freed.size:
                 self._free(freed)  # (the cache counts them as evicted)
-            held = self._held(key)
+            held = self.ledger.device_held(key)  # type: ignore[arg-type]
         return max(0, min(n, limit - held))
 
     def cap_insert(self, namespace: Namespace, shared: int, full: int, before: int) -> int:

@@ -152,9 +152,12 @@ class TenantLedger:
             return True
         key = self.key(namespace)
         limit = self.book.get(key).device_pages
-        if limit is None:
-            return True
-        return self.device.get(key, 0) + self.device_in_flight.get(key, 0) + n <= limit
+        return limit is None or self.device_held(key) + n <= limit
+
+    def device_held(self, key: TenantKey) -> int:
+        """The tenant's cached device pages plus those its loads in flight
+        will add to the tree (granted already: they count from the start)."""
+        return self.device.get(key, 0) + self.device_in_flight.get(key, 0)
 
     def check_loads(self, in_flight: Iterable[tuple[Namespace, int]]) -> None:
         """AssertionError unless, with quotas, ``device_in_flight`` equals
