@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy.typing as npt
 import torch
 
-from radixcache.transfer.allocator import PageAllocator, PageIds
+from radixcache.transfer.allocator import PageAllocator, PageIds, PoolLoops
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 
@@ -94,13 +94,18 @@ class HostPool:
     """
 
     def __init__(
-        self, spec: KVSpec, config: HostPoolConfig, device_pages: int | None = None
+        self,
+        spec: KVSpec,
+        config: HostPoolConfig,
+        device_pages: int | None = None,
+        loops: PoolLoops | None = None,
     ) -> None:
+        """``loops``: the allocator's compiled loops (see ``PageAllocator``)."""
         self.spec = spec
         self.config = config
         num_pages = config.num_pages(spec, device_pages)
         self.buffer = HostKVBuffer(spec, num_pages, pin=config.pin and torch.cuda.is_available())
-        self._allocator = PageAllocator(num_pages, name="host")
+        self._allocator = PageAllocator(num_pages, name="host", loops=loops)
 
     @property
     def capacity(self) -> int:

@@ -39,6 +39,7 @@ from radixcache.capacity import DeviceCapacity
 from radixcache.errors import CacheClosedError, RequestStateError
 from radixcache.events.types import KvEvent
 from radixcache.namespace import DEFAULT_NAMESPACE, Namespace
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters, snapshot
 from radixcache.tenants.api import Tenants
@@ -47,7 +48,7 @@ from radixcache.tenants.ledger import TenantLedger
 from radixcache.tenants.retention import Clock
 from radixcache.tenants.tags import TagBook
 from radixcache.tiers.config import TierStats
-from radixcache.tiers.contract import Tiers
+from radixcache.tiers.contract import NullTiers, Tiers
 from radixcache.tokens import as_tokens
 from radixcache.transfer import DeviceKVBuffer, PageAllocator
 from radixcache.transfer.forks import forked_message, on_fork_in_child
@@ -76,7 +77,7 @@ class RadixCache(BulkCalls):
         self.kv: DeviceKVBuffer | None = (
             DeviceKVBuffer(config.spec, num_pages, config.device) if config.allocate_kv else None
         )
-        self.pool = PageAllocator(num_pages, "device")
+        self.pool = PageAllocator(num_pages, "device", native_core)  # (C loops when compiled)
         self.counters = Counters()
         self._live: dict[int, Request] = {}
         self._next_rid = 0
@@ -88,7 +89,8 @@ class RadixCache(BulkCalls):
         self.tree: RadixTree = built.tree
         self.tiers: Tiers = built.tiers
         self._gate = TenantGate(self.tree, ledger, self._free_evicted)
-        self._gate.before_drop = self.tiers.before_device_drop
+        self._tiered = not isinstance(self.tiers, NullTiers)  # (no calls into a device-only cache's)
+        self._gate.before_drop = self.tiers.before_device_drop if self._tiered else None
         self._gate.host = built.host_quota  # host limits, enforced by set_quota too
         self._capacity.bind(self.tree, self.tiers, self._gate)
         self._tags = TagBook()  # namespaces by tag, for invalidate()
@@ -136,7 +138,7 @@ class RadixCache(BulkCalls):
         req = Request(self._next_rid, namespace, arr, priority, self._forgets.get(namespace, 0))
         usable = max(arr.size - 1, 0)  # the last token is always computed
         match = self.tree.match(namespace, arr, priority, usable)
-        if self.tiers.wait_for_loads(match):
+        if self._tiered and self.tiers.wait_for_loads(match):
             # Another request is loading this prefix back: let those copies land
             # (memcpy speed) and share them instead of stopping short.
             match = self.tree.match(namespace, arr, priority, usable)
@@ -146,11 +148,12 @@ class RadixCache(BulkCalls):
                 match, req.forgets = cut, -1  # and its own pages stay private
         req.admit_cached(self.tree, match.last_device_node, match.device_pages, match.device_len)
         self._gate.serving(namespace)  # load-backs are for its tenant
-        try:
-            self.tiers.on_admit(req, match, arr)
-        except BaseException:  # a defect below: undo the admission, leave no live ghost
-            self._bulk.end(req)
-            raise
+        if self._tiered:
+            try:
+                self.tiers.on_admit(req, match, arr)
+            except BaseException:  # a defect below: undo the admission, leave no live ghost
+                self._bulk.end(req)
+                raise
         self._next_rid += 1
         self._live[req.rid] = req
         c = self.counters
@@ -266,7 +269,8 @@ class RadixCache(BulkCalls):
             self.pool.free(dup)
             self.counters.duplicate_pages += int(dup.size)
         self.counters.committed_pages += full - dup_to
-        self.tiers.on_insert(result)
+        if self._tiered:
+            self.tiers.on_insert(result)
 
     def release(self, req: Request) -> None:
         """End ``req``: unlock its cached pages and free its private ones.

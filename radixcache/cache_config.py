@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 from radixcache.tree.policies import make_eviction_policy
 from radixcache.tiers.host_index import HostIndex
 from radixcache.tree.node import PageIds
@@ -162,7 +163,7 @@ def build_index(
         attach(tree, ledger)
         return CacheIndex(tree, NullTiers(), recorder, None, retention)
     assert kv is not None
-    host = HostPool(config.spec, config.tiers.host, config.num_device_pages)
+    host = HostPool(config.spec, config.tiers.host, config.num_device_pages, native_core)
     index = HostIndex(host, reports, page_size, policy, ledger)
     tree = RadixTree(page_size, policy, reports, index)
     attach(tree, ledger)

@@ -18,14 +18,29 @@ marked allocated again and nothing is freed.
 
 A fresh allocator hands out ids in ascending order (0, 1, 2, ...); freed ids
 are reused last-freed-first.
+
+Given ``loops`` (the engine hands in its compiled core, radixcache/native:
+this layer imports nothing above it), both run in C, one pass over the ids
+each (``pool_take``, ``pool_give``); the numpy code below is their
+reference, and it names the error whenever the C pass finds a bad id (which
+it undoes before handing over).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+from typing import Protocol
 
 PageIds = npt.NDArray[np.int32]
+
+
+class PoolLoops(Protocol):
+    """The compiled loops of ``allocate`` and ``free`` (radixcache.native's core)."""
+
+    def pool_take(self, free: PageIds, state: PageIds, top: int, n: int) -> PageIds: ...
+
+    def pool_give(self, ids: object, free: PageIds, state: PageIds, top: int, capacity: int) -> int: ...
 
 
 class PageAllocator:
@@ -35,9 +50,9 @@ class PageAllocator:
     Bookkeeping: 8 bytes per page (the free stack and the state array).
     """
 
-    __slots__ = ("_capacity", "_free", "_free_count", "_state", "_name")
+    __slots__ = ("_capacity", "_free", "_free_count", "_state", "_name", "_take", "_give")
 
-    def __init__(self, capacity: int, name: str = "pool") -> None:
+    def __init__(self, capacity: int, name: str = "pool", loops: PoolLoops | None = None) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
             raise ValueError(f"{name}: capacity must be a non-negative int, got {capacity!r}")
         if capacity >= 2**31:
@@ -48,6 +63,8 @@ class PageAllocator:
         self._free = np.arange(capacity - 1, -1, -1, dtype=np.int32)  # free-id stack
         self._free_count = capacity  # live part of the stack
         self._state = np.zeros(capacity, dtype=np.int32)  # > 0: allocated (see module doc)
+        self._take = None if loops is None else loops.pool_take  # None: the numpy reference
+        self._give = None if loops is None else loops.pool_give
 
     @property
     def capacity(self) -> int:
@@ -68,9 +85,12 @@ class PageAllocator:
         if n > self._free_count:
             return None
         top = self._free_count
-        ids = self._free[top - n : top][::-1].copy()
+        if self._take is not None:
+            ids = self._take(self._free, self._state, top, n)
+        else:
+            ids = self._free[top - n : top][::-1].copy()
+            self._state[ids] = 1
         self._free_count = top - n
-        self._state[ids] = 1
         return ids
 
     def free(self, ids: npt.ArrayLike) -> None:
@@ -79,6 +99,11 @@ class PageAllocator:
         Raises ValueError, freeing nothing, if any id is out of range, not
         allocated (already free or never handed out), or listed twice.
         """
+        if self._give is not None:
+            freed = self._give(ids, self._free, self._state, self._free_count, self._capacity)
+            if freed >= 0:
+                self._free_count += freed
+                return
         arr = np.asarray(ids)
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise ValueError(f"{self._name}: page ids must be a 1-D integer array, got {arr!r}")

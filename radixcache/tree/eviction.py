@@ -30,6 +30,7 @@ import itertools
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 from radixcache.tree.policies import EvictionPolicy
 from radixcache.tree.lower import LowerTiers
 from radixcache.tree.node import EvictResult, Node, PageIds, concat_pages
@@ -118,8 +119,11 @@ class DeviceEviction:
         place in the tree if it is resident below the device; otherwise it is
         removed, with its descendants (the lower tiers are told through
         ``discard``). Returns the released device page ids (the caller frees
-        them in its pool).
+        them in its pool). With the compiled core, the loop below runs in C
+        (``evict_loop``, radixcache/native/_core.pyx), the same steps.
         """
+        if _evict_loop is not None:
+            return EvictResult(_evict_loop(self, num_pages, before_drop))
         dev: list[PageIds] = []
         count = 0
         if len(self.heap) > len(self.candidates) + 64:
@@ -201,3 +205,8 @@ class DeviceEviction:
             removal.unlink(node)
         self.update(parent)
         return pages
+
+
+_evict_loop = None if native_core is None else native_core.evict_loop
+if native_core is not None:  # the same steps, compiled (radixcache/native/_core.pyx)
+    DeviceEviction.drop_device = native_core.drop_device  # type: ignore[method-assign]

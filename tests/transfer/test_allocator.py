@@ -1,7 +1,14 @@
-"""PageAllocator: exact ids, O(n) frees, and clear errors that free nothing."""
+"""PageAllocator: exact ids, O(n) frees, and clear errors that free nothing.
+
+Every test runs on the numpy loops (the reference) and, where the compiled
+core is built, on its C loops; a lockstep machine holds the two to the same
+ids, the same state and the same errors."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -10,15 +17,36 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from radixcache.transfer.allocator import PageAllocator
+from radixcache.transfer.allocator import PageAllocator, PoolLoops
+
+
+def _compiled() -> PoolLoops | None:
+    try:
+        core: PoolLoops = importlib.import_module("radixcache.native._core")  # type: ignore[assignment]
+    except ImportError:
+        return None
+    return core
+
+
+COMPILED = _compiled()
+LOOPS = [pytest.param(None, id="numpy")] + (
+    [] if COMPILED is None else [pytest.param(COMPILED, id="compiled")]
+)
+Make = Callable[..., PageAllocator]
+
+
+@pytest.fixture(params=LOOPS)
+def make(request: pytest.FixtureRequest) -> Make:
+    """``PageAllocator`` on one of the two loops."""
+    return partial(PageAllocator, loops=request.param)
 
 
 def ids(*xs: int) -> np.ndarray[Any, np.dtype[np.int32]]:
     return np.array(xs, dtype=np.int32)
 
 
-def test_fresh_ids_ascend_and_freed_ids_come_back_first() -> None:
-    a = PageAllocator(6)
+def test_fresh_ids_ascend_and_freed_ids_come_back_first(make: Make) -> None:
+    a = make(6)
     first = a.allocate(4)
     assert first is not None and first.tolist() == [0, 1, 2, 3]
     a.free(ids(1, 3))
@@ -28,16 +56,16 @@ def test_fresh_ids_ascend_and_freed_ids_come_back_first() -> None:
     a.check_integrity()
 
 
-def test_allocate_more_than_free_takes_nothing() -> None:
-    a = PageAllocator(3)
+def test_allocate_more_than_free_takes_nothing(make: Make) -> None:
+    a = make(3)
     assert a.allocate(4) is None
     assert a.free_count == 3
     with pytest.raises(ValueError, match="cannot allocate -1"):
         a.allocate(-1)
 
 
-def test_double_free_is_an_error_and_frees_nothing() -> None:
-    a = PageAllocator(8, "device")
+def test_double_free_is_an_error_and_frees_nothing(make: Make) -> None:
+    a = make(8, "device")
     a.allocate(5)
     a.free(ids(2))
     with pytest.raises(ValueError, match=r"device: freeing pages that are not allocated: \[2\]"):
@@ -47,8 +75,8 @@ def test_double_free_is_an_error_and_frees_nothing() -> None:
     a.check_integrity()
 
 
-def test_same_id_twice_in_one_free_is_an_error_and_frees_nothing() -> None:
-    a = PageAllocator(8, "host")
+def test_same_id_twice_in_one_free_is_an_error_and_frees_nothing(make: Make) -> None:
+    a = make(8, "host")
     a.allocate(6)
     with pytest.raises(ValueError, match="host: the same page id appears twice"):
         a.free(ids(0, 5, 3, 5))
@@ -61,24 +89,24 @@ def test_same_id_twice_in_one_free_is_an_error_and_frees_nothing() -> None:
 
 
 @pytest.mark.parametrize("bad", [[-1], [8], [3, 2**31 - 1], [0, -2**31]])
-def test_foreign_id_out_of_range_is_an_error(bad: list[int]) -> None:
-    a = PageAllocator(8)
+def test_foreign_id_out_of_range_is_an_error(make: Make, bad: list[int]) -> None:
+    a = make(8)
     a.allocate(8)
     with pytest.raises(ValueError, match=r"out of range \[0, 8\)"):
         a.free(np.array(bad, dtype=np.int32))
     assert a.free_count == 0
 
 
-def test_never_allocated_id_is_an_error() -> None:
-    a = PageAllocator(8)
+def test_never_allocated_id_is_an_error(make: Make) -> None:
+    a = make(8)
     a.allocate(2)
     with pytest.raises(ValueError, match=r"not allocated: \[6\]"):
         a.free(ids(1, 6))
     assert a.free_count == 6
 
 
-def test_wrong_shape_or_dtype_is_an_error() -> None:
-    a = PageAllocator(8)
+def test_wrong_shape_or_dtype_is_an_error(make: Make) -> None:
+    a = make(8)
     a.allocate(4)
     with pytest.raises(ValueError, match="1-D integer array"):
         a.free(np.array([1.0, 2.0]))
@@ -87,8 +115,8 @@ def test_wrong_shape_or_dtype_is_an_error() -> None:
     assert a.free_count == 4
 
 
-def test_other_integer_dtypes_are_accepted() -> None:
-    a = PageAllocator(8)
+def test_other_integer_dtypes_are_accepted(make: Make) -> None:
+    a = make(8)
     a.allocate(6)
     a.free(np.array([5, 1], dtype=np.int64))
     a.free(np.array([0], dtype=np.uint16))
@@ -99,16 +127,16 @@ def test_other_integer_dtypes_are_accepted() -> None:
     a.check_integrity()
 
 
-def test_capacity_is_validated() -> None:
+def test_capacity_is_validated(make: Make) -> None:
     with pytest.raises(ValueError, match="non-negative int"):
-        PageAllocator(-1)
+        make(-1)
     with pytest.raises(ValueError, match="does not fit int32"):
-        PageAllocator(2**31)
+        make(2**31)
 
 
-def test_free_does_not_sort(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_free_does_not_sort(make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
     """The common path checks ownership and repeats without sort or unique."""
-    a = PageAllocator(50_000)
+    a = make(50_000)
     got = a.allocate(50_000)
     assert got is not None
     order = np.random.default_rng(1).permutation(got)[:10_000].astype(np.int32)
@@ -168,3 +196,69 @@ class AllocatorModel(RuleBasedStateMachine):
 
 TestAllocatorModel = AllocatorModel.TestCase
 TestAllocatorModel.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_the_compiled_free_takes_only_plain_int32_arrays_and_hands_the_rest_back() -> None:
+    """Anything but a 1-D C-contiguous int32 array goes to the reference
+    (which converts or refuses it); a bad id leaves the state as it was."""
+    if COMPILED is None:
+        pytest.skip("the compiled core is not built here")
+    free = np.arange(7, -1, -1, dtype=np.int32)
+    state = np.zeros(8, dtype=np.int32)
+    got = COMPILED.pool_take(free, state, 8, 5)
+    assert got.tolist() == [0, 1, 2, 3, 4] and state.tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
+    before = state.copy()
+    for other in ([1], np.array([1], dtype=np.int64), np.array([[1]], dtype=np.int32),
+                  np.array([1, 0, 2], dtype=np.int32)[::2], np.array(1, dtype=np.int32)):
+        assert COMPILED.pool_give(other, free, state, 3, 8) == -1
+    for bad in ([1, 5], [2, 8], [3, 1, 3], [-1]):  # not allocated, out of range, twice, negative
+        assert COMPILED.pool_give(np.array(bad, dtype=np.int32), free, state, 3, 8) == -1
+        assert state.tolist() == before.tolist()
+    assert COMPILED.pool_give(np.array([4, 0], dtype=np.int32), free, state, 3, 8) == 2
+    assert state.tolist() == [-2, 1, 1, 1, -1, 0, 0, 0] and free[3:5].tolist() == [0, 4]
+
+
+class LockstepModel(RuleBasedStateMachine):
+    """The C loops against the numpy ones: the same ids handed out, the same
+    state and free stack after every call, the same error for a bad free."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ref = PageAllocator(20, "device")
+        self.fast = PageAllocator(20, "device", loops=COMPILED)
+
+    @rule(n=st.integers(-1, 24))
+    def allocate(self, n: int) -> None:
+        outcomes = []
+        for a in (self.ref, self.fast):
+            try:
+                got = a.allocate(n)
+                outcomes.append(None if got is None else got.tolist())
+            except ValueError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+
+    @rule(pick=st.lists(st.integers(-3, 23), max_size=8), dtype=st.sampled_from(["int32", "int64"]))
+    def free(self, pick: list[int], dtype: str) -> None:
+        outcomes = []
+        for a in (self.ref, self.fast):
+            try:
+                a.free(np.array(pick, dtype=dtype))
+                outcomes.append("ok")
+            except ValueError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+
+    @invariant()
+    def same(self) -> None:
+        assert self.ref.free_count == self.fast.free_count
+        assert self.ref._state.tolist() == self.fast._state.tolist()
+        top = self.ref.free_count
+        assert self.ref._free[:top].tolist() == self.fast._free[:top].tolist()
+        self.fast.check_integrity()
+
+
+TestLockstep = LockstepModel.TestCase
+TestLockstep.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+if COMPILED is None:
+    TestLockstep = pytest.mark.skip(reason="the compiled core is not built here")(TestLockstep)
