@@ -18,6 +18,9 @@ import numpy as np
 import torch
 
 from radixcache import CacheConfig, KVSpec, Namespace, OutOfPagesError, RadixCache
+from radixcache.offload import HostPoolConfig
+from radixcache.tenants import QuotaBook, TenantQuota
+from radixcache.tiers.config import TierConfig
 from radixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from radixcache.native import COMPILED
 
@@ -35,12 +38,32 @@ def _event(e: object) -> list[Any]:
     return ["C"]
 
 
+def _tier_counts(cache: RadixCache) -> dict[str, Any] | None:
+    """The host tier's counts (not its timings, which differ run to run)."""
+    t = cache.tier_stats()
+    if t is None:
+        return None
+    names = ("host_free_pages", "host_cached_pages", "host_hit_tokens", "loaded_tokens",
+             "abandoned_tokens", "backups_skipped", "host_evicted_pages", "failed_jobs", "pages_moved")
+    return {name: getattr(t, name) for name in names}
+
+
 def run(seed: int, steps: int) -> dict[str, Any]:
     rng = random.Random(seed)
     policy = rng.choice(["lru", "lfu", "fifo", "priority"])
     spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=P)
+    # device only; a host tier under write-back (victims backed up before
+    # they go, host copies load back); per-tenant device limits and floors
+    setup = ("device", "host", "quotas")[seed % 3]
+    extra: dict[str, Any] = {"allocate_kv": False}
+    if setup == "host":
+        extra = {"tiers": TierConfig(host=HostPoolConfig(pages=rng.choice([16, 32])),
+                                     write_policy="write_back")}
+    elif setup == "quotas":
+        extra["quotas"] = QuotaBook({"t1": TenantQuota(device_pages=20, device_floor=4)},
+                                    TenantQuota(device_floor=6))
     cache = RadixCache(CacheConfig(spec=spec, device_pages=rng.choice([24, 48, 96]), eviction_policy=policy,
-                                   allocate_kv=False, record_events=True))
+                                   record_events=True, **extra))
     prefixes = [[rng.randrange(50) for _ in range(rng.randrange(1, 24))] for _ in range(4)]
     live: list[Any] = []
     out: list[Any] = []
@@ -71,13 +94,14 @@ def run(seed: int, steps: int) -> dict[str, Any]:
             out.append(["evict", cache.evict(rng.randrange(1, 12))])
         else:
             out.append(["forget", cache.forget_namespace(rng.choice(NAMESPACES))])
+        out.append(["drain", cache.drain()])  # (every job applied: the log does not depend on timing)
         out.append([_event(e) for e in cache.take_events()])
         cache.check_integrity()
     for req in live:
         cache.release(req)
     out.append([_event(e) for e in cache.take_events()])
-    out.append(["stats", repr(cache.stats())])
-    return {"seed": seed, "policy": policy, "log": out}
+    out.append(["stats", repr(cache.stats()), _tier_counts(cache)])
+    return {"seed": seed, "policy": policy, "setup": setup, "log": out}
 
 
 def main(argv: list[str]) -> None:
