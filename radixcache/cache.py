@@ -124,7 +124,8 @@ class RadixCache(BulkCalls):
         Raises TypeError / ValueError for bad ``tokens``, ``namespace`` or
         ``priority``, CacheClosedError after ``close()``; nothing changed.
         """
-        self._check_open()
+        if self._refusal is not None:
+            raise self._closed_error()
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
         if type(priority) is not int:
@@ -283,7 +284,8 @@ class RadixCache(BulkCalls):
         self._check_live(req)
         self._bulk.end(req)
         del self._live[req.rid]
-        self._bulk.sweep()
+        if self.tree.removal.detached:  # pages of forgotten namespaces it held may go now
+            self._bulk.sweep()
 
     # ------------------------------------------------------------------ capacity
     def evict(self, num_pages: int) -> int:
@@ -339,7 +341,8 @@ class RadixCache(BulkCalls):
         ``record_events``). Call once per engine step and publish the list:
         ``publisher.publish(cache.take_events())``. CacheClosedError after
         ``close()`` (take the last events before closing)."""
-        self._check_open()
+        if self._refusal is not None:
+            raise self._closed_error()
         return self._recorder.take()
 
     def close(self) -> None:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixcache.native import compiled as native_core  # None on the pure-Python path
+
 ExtraKey = str | bytes | int
 
 MAX_INFO_BYTES = 4096  # to_info() must fit a storage record's info (radixcache.offload.storage.record)
@@ -274,5 +276,8 @@ class Namespace:
         except (ValueError, TypeError, KeyError, RecursionError) as exc:
             raise ValueError(f"namespace info {info[:60]!r} is not valid: {exc}") from None
 
+
+if native_core is not None:  # the same hash without a Python frame (every dict lookup calls it)
+    Namespace.__hash__ = native_core.namespace_hash  # type: ignore[method-assign,assignment]
 
 DEFAULT_NAMESPACE = Namespace()

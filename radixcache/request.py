@@ -159,8 +159,10 @@ class Request:
 
     def admit_cached(self, locks: Locks, node: Node | None, pages: PageIds, tokens: int) -> None:
         """At admission: ``tokens`` cached tokens in device ``pages``, up to
-        ``node`` (locked for the request)."""
-        self._move_lock(locks, node)
+        ``node`` (locked for the request: a new handle holds no lock yet)."""
+        if node is not None:
+            locks.lock(node)
+            self.locked_node = node
         if pages.size:
             self._append_pages(pages)
         self.shared_pages = self.num_pages
@@ -294,7 +296,9 @@ class Request:
 
     def end(self, locks: Locks) -> PageIds:
         """Release: unlock, and return the private pages (for the caller to free)."""
-        self._move_lock(locks, None)
+        if self.locked_node is not None:
+            locks.unlock(self.locked_node)
+            self.locked_node = None
         shared = self.shared_pages
         private = self._pages[shared : self.num_pages].copy() if self.num_pages > shared else EMPTY_PAGES
         self.num_pages = shared

@@ -1,8 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The compiled hot loops of the request path (see ``radixcache.native``).
 
-Each function here has a pure-Python reference of the same contract where
-it is used; the reference is what the tests hold this module to:
+Each function here (and in the files it includes, ``pools.pxi`` and
+``eviction.pxi``: one extension module) has a pure-Python reference of the
+same contract where it is used; the reference is what the tests hold this
+module to:
 
     Node            radixcache/tree/node.py         Node
     match_walk      radixcache/tree/radix_tree.py   RadixTree._walk
@@ -14,6 +16,7 @@ it is used; the reference is what the tests hold this module to:
     concat_pages    radixcache/tree/node.py         concat_pages
     block_ids       radixcache/keys/hashing.py      block_ids
     owned_tokens    radixcache/tokens.py            owned_tokens
+    namespace_hash  radixcache/namespace.py         Namespace.__hash__
     pool_take       radixcache/transfer/allocator.py PageAllocator.allocate
     pool_give       radixcache/transfer/allocator.py PageAllocator.free
 
@@ -192,87 +195,7 @@ def owned_tokens(object tokens):
     return None if acc < 0 else out
 
 
-# ---------------------------------------------------------------- page pools
-def pool_take(object free, object state, Py_ssize_t top, Py_ssize_t n):
-    """``PageAllocator.allocate``'s loop: the ids ``free[top-n:top]``, last
-    first, as a new int32 array, each marked allocated (1) in ``state``.
-    The caller checked ``0 <= n <= top``."""
-    cdef Py_buffer fb, sb, ob
-    cdef const int32_t* f
-    cdef int32_t* st
-    cdef int32_t* o
-    cdef int32_t page
-    cdef Py_ssize_t i
-    out = _empty(n, _I32)
-    if n == 0:
-        return out
-    _read(free, &fb)
-    try:
-        PyObject_GetBuffer(state, &sb, PyBUF_SIMPLE | PyBUF_WRITABLE)
-        try:
-            PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
-            f = <const int32_t*>fb.buf
-            st = <int32_t*>sb.buf
-            o = <int32_t*>ob.buf
-            for i in range(n):
-                page = f[top - 1 - i]
-                o[i] = page
-                st[page] = 1
-            PyBuffer_Release(&ob)
-        finally:
-            PyBuffer_Release(&sb)
-    finally:
-        PyBuffer_Release(&fb)
-    return out
-
-
-def pool_give(object ids, object free, object state, Py_ssize_t top, Py_ssize_t capacity):
-    """``PageAllocator.free``'s loop for a 1-D C-contiguous int32 ``ids``:
-    each id in range, allocated and listed once gets its stamp ``-(j+1)`` in
-    ``state`` and goes onto ``free`` at ``top`` (last first); returns how
-    many. Returns -1, with nothing changed, for any other ``ids`` or any bad
-    id: the caller's reference path then frees them or names the error."""
-    cdef Py_buffer ib, fb, sb
-    cdef const int32_t* a
-    cdef int32_t* f
-    cdef int32_t* st
-    cdef int32_t page
-    cdef Py_ssize_t n, j, k
-    try:
-        PyObject_GetBuffer(ids, &ib, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-    except (TypeError, BufferError, ValueError):
-        return -1
-    try:
-        if ib.ndim != 1 or ib.itemsize != 4 or ib.format == NULL or strcmp(ib.format, b"i") != 0:
-            return -1
-        n = ib.len // 4
-        if n == 0:
-            return 0
-        a = <const int32_t*>ib.buf
-        PyObject_GetBuffer(state, &sb, PyBUF_SIMPLE | PyBUF_WRITABLE)
-        try:
-            st = <int32_t*>sb.buf
-            for j in range(n):
-                page = a[j]
-                if <uint32_t>page >= <uint64_t>capacity or st[page] <= 0:
-                    # out of range, not allocated, or already stamped by this
-                    # call (listed twice): undo the stamps and let the caller say which
-                    for k in range(j):
-                        st[a[k]] = 1
-                    return -1
-                st[page] = <int32_t>(-(j + 1))
-        finally:
-            PyBuffer_Release(&sb)
-        PyObject_GetBuffer(free, &fb, PyBUF_SIMPLE | PyBUF_WRITABLE)
-        try:
-            f = <int32_t*>fb.buf
-            for j in range(n):
-                f[top + j] = a[n - 1 - j]
-        finally:
-            PyBuffer_Release(&fb)
-        return n
-    finally:
-        PyBuffer_Release(&ib)
+include "pools.pxi"
 
 
 # ---------------------------------------------------------------- block ids
@@ -379,93 +302,20 @@ def unlock(tree, Node node):
         n.lock_ref -= 1
         if n.lock_ref == 0 and n.device is not None:
             freed += len(n.device)
-            if update is None:
-                update = tree.eviction.update
-            update(n)
+            if n.device_children == 0 and n.parent is not None:  # (update's own first checks)
+                if update is None:
+                    update = tree.eviction.update
+                update(n)
         n = n.parent
     if freed:
         tree.evictable_pages += freed
 
 
-# ---------------------------------------------------------------- eviction
-def evict_loop(ev, Py_ssize_t num_pages, before_drop):
-    """The loop of ``DeviceEviction.evict`` (see there): the released device
-    page ids, concatenated."""
-    cdef list dev = []
-    cdef list skipped = None
-    cdef Py_ssize_t count = 0, short, last
-    cdef set candidates = ev.candidates
-    cdef tuple entry
-    cdef Node node
-    cdef list heap
-    if len(ev.heap) > len(candidates) + 64:
-        ev._rebuild_heap()  # mostly superseded entries: cheaper to start over
-    heap = ev.heap
-    key = ev.policy.key
-    tree = ev.tree
-    lower = tree.lower
-    drop = ev.drop_device
-    while count < num_pages and heap:
-        entry = _heappop(heap)
-        last = len(entry) - 1
-        node = entry[last]
-        if entry[last - 1] != node.heap_seq or node not in candidates:
-            continue  # superseded by a newer entry, or no longer a candidate
-        if key(node) != entry[:last - 1]:
-            ev.push(node)  # touched since it was pushed
-            continue
-        short = num_pages - count
-        if short < len(node.device):
-            node = ev._tail_victim(node, short)
-        if before_drop is not None:
-            before_drop(node)
-        if node.children and not lower.resident(node) and tree.removal.held_below(node):
-            if skipped is None:
-                skipped = []
-            skipped.append(node)  # descendants held by jobs: not now
-            continue
-        pages = drop(node)
-        dev.append(pages)
-        count += len(pages)
-    if skipped is not None:
-        for node in skipped:  # still candidates: give them their heap entry back
-            if node in candidates:
-                ev.push(node)
-    return concat_pages(dev)
+include "eviction.pxi"
 
 
-def drop_device(ev, Node node):
-    """``DeviceEviction.drop_device`` (see there)."""
-    cdef Node parent = node.parent
-    cdef Node child
-    cdef Py_ssize_t n
-    tree = ev.tree
-    pages = node.device
-    assert pages is not None and parent is not None, "drop_device on a node without pages"
-    assert node.lock_ref == 0 and node.device_children == 0, "drop_device on a protected node"
-    tree.recorder.removed(node, "GPU")
-    node.device = None
-    n = len(pages)
-    tree.device_pages -= n
-    tree.evictable_pages -= n
-    ledger = tree.ledger
-    if ledger is not None:
-        ledger.sub_device(node.namespace, n, True)
-    candidates = ev.candidates
-    candidates.discard(node)
-    parent.device_children -= 1
-    if not tree.lower.resident(node):  # (so it holds nothing below the device)
-        removal = tree.removal
-        if node.children:
-            for child in list(node.children.values()):
-                assert child.lock_ref == 0, "a locked node under a victim"
-                del node.children[child.key[: tree.page_size].tobytes()]
-                for gone in removal.subtree(child):
-                    removal.discount(gone, [])
-        removal.unlink(node)
-    # ``ev.update(parent)``:
-    if (parent.lock_ref == 0 and parent.device is not None and parent.device_children == 0
-            and parent.parent is not None and parent not in candidates):
-        candidates.add(parent)
-        ev.push(parent)
-    return pages
+# ---------------------------------------------------------------- namespaces
+def namespace_hash(self):
+    """``Namespace.__hash__`` (radixcache/namespace.py): the hash taken once
+    at construction, without a Python frame per dict lookup."""
+    return self._hash

@@ -1,0 +1,85 @@
+# Included in _core.pyx (one extension module, for the typed ``Node``): device
+# eviction. References: radixcache/tree/eviction.py, ``DeviceEviction.evict`` /
+# ``drop_device``.
+
+def evict_loop(ev, Py_ssize_t num_pages, before_drop):
+    """The loop of ``DeviceEviction.evict`` (see there): the released device
+    page ids, concatenated."""
+    cdef list dev = []
+    cdef list skipped = None
+    cdef Py_ssize_t count = 0, short, last
+    cdef set candidates = ev.candidates
+    cdef tuple entry
+    cdef Node node
+    cdef list heap
+    if len(ev.heap) > len(candidates) + 64:
+        ev._rebuild_heap()  # mostly superseded entries: cheaper to start over
+    heap = ev.heap
+    key = ev.policy.key
+    tree = ev.tree
+    lower = tree.lower
+    drop = ev.drop_device
+    while count < num_pages and heap:
+        entry = _heappop(heap)
+        last = len(entry) - 1
+        node = entry[last]
+        if entry[last - 1] != node.heap_seq or node not in candidates:
+            continue  # superseded by a newer entry, or no longer a candidate
+        if key(node) != entry[:last - 1]:
+            ev.push(node)  # touched since it was pushed
+            continue
+        short = num_pages - count
+        if short < len(node.device):
+            node = ev._tail_victim(node, short)
+        if before_drop is not None:
+            before_drop(node)
+        if node.children and not lower.resident(node) and tree.removal.held_below(node):
+            if skipped is None:
+                skipped = []
+            skipped.append(node)  # descendants held by jobs: not now
+            continue
+        pages = drop(node)
+        dev.append(pages)
+        count += len(pages)
+    if skipped is not None:
+        for node in skipped:  # still candidates: give them their heap entry back
+            if node in candidates:
+                ev.push(node)
+    return concat_pages(dev)
+
+
+def drop_device(ev, Node node):
+    """``DeviceEviction.drop_device`` (see there)."""
+    cdef Node parent = node.parent
+    cdef Node child
+    cdef Py_ssize_t n
+    tree = ev.tree
+    pages = node.device
+    assert pages is not None and parent is not None, "drop_device on a node without pages"
+    assert node.lock_ref == 0 and node.device_children == 0, "drop_device on a protected node"
+    tree.recorder.removed(node, "GPU")
+    node.device = None
+    n = len(pages)
+    tree.device_pages -= n
+    tree.evictable_pages -= n
+    ledger = tree.ledger
+    if ledger is not None:
+        ledger.sub_device(node.namespace, n, True)
+    candidates = ev.candidates
+    candidates.discard(node)
+    parent.device_children -= 1
+    if not tree.lower.resident(node):  # (so it holds nothing below the device)
+        removal = tree.removal
+        if node.children:
+            for child in list(node.children.values()):
+                assert child.lock_ref == 0, "a locked node under a victim"
+                del node.children[child.key[: tree.page_size].tobytes()]
+                for gone in removal.subtree(child):
+                    removal.discount(gone, [])
+        removal.unlink(node)
+    # ``ev.update(parent)``:
+    if (parent.lock_ref == 0 and parent.device is not None and parent.device_children == 0
+            and parent.parent is not None and parent not in candidates):
+        candidates.add(parent)
+        ev.push(parent)
+    return pages
