@@ -137,7 +137,7 @@ class RadixCache(BulkCalls):
         if namespace.tags:
             self._tags.note(namespace)
         req = Request(self._next_rid, namespace, arr, priority, self._forgets.get(namespace, 0))
-        usable = max(arr.size - 1, 0)  # the last token is always computed
+        usable = arr.size - 1 if arr.size else 0  # the last token is always computed
         match = self.tree.match(namespace, arr, priority, usable)
         if self._tiered and self.tiers.wait_for_loads(match):
             # Another request is loading this prefix back: let those copies land
@@ -159,10 +159,10 @@ class RadixCache(BulkCalls):
         self._live[req.rid] = req
         c = self.counters
         c.requests += 1
-        c.prompt_tokens += int(arr.size)
+        c.prompt_tokens += arr.size
         c.hit_tokens += match.device_len
         c.hit_pages += req.num_pages
-        self._gate.admitted(namespace, int(arr.size), match.device_len, req.cached_len)
+        self._gate.admitted(namespace, arr.size, match.device_len, req.cached_len)
         return req
 
     def peek(self, tokens: object, namespace: Namespace = DEFAULT_NAMESPACE) -> int:

@@ -278,6 +278,6 @@ class Namespace:
 
 
 if native_core is not None:  # the same hash without a Python frame (every dict lookup calls it)
-    Namespace.__hash__ = native_core.namespace_hash  # type: ignore[method-assign,assignment]
+    Namespace.__hash__ = native_core.namespace_hash  # type: ignore[method-assign]
 
 DEFAULT_NAMESPACE = Namespace()

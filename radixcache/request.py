@@ -11,6 +11,9 @@ from radixcache.namespace import Namespace
 from radixcache.tree.node import EMPTY_PAGES, Node, PageIds, TokenArray
 
 
+_PAGE_ID = np.dtype(np.int32)
+
+
 class RollBack(NamedTuple):
     """What ``Request.roll_back`` gave up."""
 
@@ -102,11 +105,11 @@ class Request:
         self.namespace = namespace  # identity beyond tokens
         self.priority = priority  # for the priority eviction policy
         self._tokens = tokens  # all known tokens (buffer; first num_tokens valid)
-        self.num_tokens = int(tokens.size)  # prompt + appended tokens
+        self.num_tokens = tokens.size  # prompt + appended tokens
         self.cached_len = 0  # tokens found cached at admission
         self.num_computed = 0  # tokens whose KV is in the page table
         self.reserved_tokens = 0  # positions covered by reservations
-        self._pages: PageIds = np.empty(max(4, tokens.size // 8), dtype=np.int32)
+        self._pages: PageIds = np.empty(max(4, tokens.size // 8), _PAGE_ID)
         self.num_pages = 0  # valid entries of the page table
         self.shared_pages = 0  # leading pages owned by the tree
         self.locked_node: Node | None = None  # node this request locks (None: nothing)

@@ -7,6 +7,7 @@ same contract where it is used; the reference is what the tests hold this
 module to:
 
     Node            radixcache/tree/node.py         Node
+    MatchResult     radixcache/tree/node.py         MatchResult
     match_walk      radixcache/tree/radix_tree.py   RadixTree._walk
     lock, unlock    radixcache/tree/radix_tree.py   RadixTree.lock / unlock
     evict_loop      radixcache/tree/eviction.py     DeviceEviction.evict
@@ -99,6 +100,49 @@ cdef class Node:
             f"Node(uid={self.uid}, tokens={self.key.size}, device={self.device is not None}, "
             f"host={self.host is not None}, stored={self.stored}, lock_ref={self.lock_ref})"
         )
+
+
+cdef class MatchResult:
+    """``MatchResult`` of ``radixcache/tree/node.py`` as a C struct: the same
+    fields, the same meaning (read that class's docstring)."""
+
+    cdef public object device_len
+    cdef public object device_pages
+    cdef public object last_device_node
+    cdef public object host_len
+    cdef public tuple host_nodes
+    cdef public object storage_len
+
+    def __init__(self, device_len, device_pages, last_device_node, host_len=0, tuple host_nodes=(),
+                 storage_len=0):
+        self.device_len = device_len
+        self.device_pages = device_pages
+        self.last_device_node = last_device_node
+        self.host_len = host_len
+        self.host_nodes = host_nodes
+        self.storage_len = storage_len
+
+    @property
+    def total_len(self):
+        return self.device_len + self.host_len + self.storage_len
+
+    def __repr__(self):
+        return (
+            f"MatchResult(device_len={self.device_len!r}, device_pages={self.device_pages!r}, "
+            f"last_device_node={self.last_device_node!r}, host_len={self.host_len!r}, "
+            f"host_nodes={self.host_nodes!r}, storage_len={self.storage_len!r})"
+        )
+
+
+cdef MatchResult _match_result(object device_len, object pages, object last, object host_len, tuple host):
+    cdef MatchResult m = MatchResult.__new__(MatchResult)
+    m.device_len = device_len
+    m.device_pages = pages
+    m.last_device_node = last
+    m.host_len = host_len
+    m.host_nodes = host
+    m.storage_len = 0
+    return m
 
 
 # ---------------------------------------------------------------- buffers
@@ -236,7 +280,7 @@ def block_ids(object tokens, Py_ssize_t page_size, uint64_t start, object lanes)
 
 # ---------------------------------------------------------------- the tree
 def match_walk(tree, Node root, object tokens, Py_ssize_t n, object priority, object tick):
-    """``RadixTree._walk``: the loop of ``match`` (see there)."""
+    """``RadixTree._walk``: the loop of ``match`` and its result (see there)."""
     cdef Py_buffer tb
     cdef Py_ssize_t p = tree.page_size
     cdef Py_ssize_t pos = 0, device_len = 0, matched
@@ -272,7 +316,7 @@ def match_walk(tree, Node root, object tokens, Py_ssize_t n, object priority, ob
             node = child
     finally:
         PyBuffer_Release(&tb)
-    return pos, device_len, concat_pages(parts), last_device, host_nodes
+    return _match_result(device_len, concat_pages(parts), last_device, pos - device_len, tuple(host_nodes))
 
 
 def lock(tree, Node node):

@@ -184,3 +184,7 @@ class ForgetResult:
     removed_pages: int  # device pages released
     pending_pages: int  # device pages kept (detached) because requests or jobs still hold them
     device_page_ids: PageIds  # the released device pages, for the caller to free
+
+
+if native_core is not None:  # the same record as a C struct (radixcache/native/_core.pyx)
+    MatchResult = native_core.MatchResult  # type: ignore[misc]  # noqa: F811

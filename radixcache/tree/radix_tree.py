@@ -108,15 +108,12 @@ class RadixTree:
         if root is None or n == 0:
             return MatchResult(0, EMPTY_PAGES.copy(), None)
         self.tick += 1
-        pos, device_len, pages, last_device, host_nodes = self._walk(root, tokens, n, priority, self.tick)
-        return MatchResult(device_len, pages, last_device, pos - device_len, tuple(host_nodes))
+        return self._walk(root, tokens, n, priority, self.tick)
 
-    def _walk(
-        self, root: Node, tokens: TokenArray, n: int, priority: int, tick: int
-    ) -> tuple[int, int, PageIds, Node | None, list[Node]]:
+    def _walk(self, root: Node, tokens: TokenArray, n: int, priority: int, tick: int) -> MatchResult:
         """The loop of ``match`` below ``root``, over ``tokens[:n]`` (whole
-        pages): (tokens walked, of which on the device, their device pages,
-        the last device node, the host-resident nodes after it)."""
+        pages), and its result: the device part, then the host-resident
+        nodes after it."""
         p = self.page_size
         node = root
         pos = 0
@@ -145,7 +142,8 @@ class RadixTree:
                 break
             pos += matched
             node = child
-        return pos, device_len, concat_pages(device_parts), last_device, host_nodes
+        return MatchResult(device_len, concat_pages(device_parts), last_device, pos - device_len,
+                           tuple(host_nodes))
 
     def peek(self, namespace: Namespace, tokens: TokenArray) -> int:
         """Tokens of the longest device-resident cached prefix of ``tokens``

@@ -65,6 +65,24 @@ def test_the_compiled_node_has_every_field_of_the_python_node() -> None:
     assert (n.uid, n.last_access, n.heap_seq, n.lock_ref, n.children, n.is_root) == (7, 7, -1, 0, {}, True)
 
 
+def test_the_compiled_match_result_is_the_python_one() -> None:
+    """The same fields, defaults, mutability and derived length as the dataclass."""
+    core = _core()
+    src = (ROOT / "radixcache" / "tree" / "node.py").read_text()
+    body = src[src.index("class MatchResult:"): src.index("@property", src.index("class MatchResult:"))]
+    names = [line.split(":")[0].strip() for line in body.splitlines()
+             if line.startswith("    ") and ":" in line and not line.strip().startswith(('"', "#"))]
+    assert names == ["device_len", "device_pages", "last_device_node", "host_len", "host_nodes",
+                     "storage_len"], names
+    pages = np.arange(2, dtype=np.int32)
+    m = core.MatchResult(8, pages, None)
+    assert [getattr(m, f) is not None for f in names] == [True, True, False, True, True, True]
+    assert (m.host_len, m.host_nodes, m.storage_len, m.total_len) == (0, (), 0, 8)
+    m.storage_len = 4
+    assert m.total_len == 12 and m.device_pages is pages
+    assert repr(m).startswith("MatchResult(device_len=8, device_pages=array([0, 1]")
+
+
 def _python_node_slots() -> tuple[str, ...]:
     src = (ROOT / "radixcache" / "tree" / "node.py").read_text()
     start = src.index("__slots__ = (")
