@@ -88,6 +88,7 @@ class RadixCache(BulkCalls):
                             clock)
         self.tree: RadixTree = built.tree
         self.tiers: Tiers = built.tiers
+        self._ledger = ledger
         self._gate = TenantGate(self.tree, ledger, self._free_evicted)
         self._tiered = not isinstance(self.tiers, NullTiers)  # (no calls into a device-only cache's)
         self._gate.before_drop = self.tiers.before_device_drop if self._tiered else None
@@ -136,7 +137,8 @@ class RadixCache(BulkCalls):
             self._retention.expire()  # nothing past its TTL is matched
         if namespace.tags:
             self._tags.note(namespace)
-        req = Request(self._next_rid, namespace, arr, priority, self._forgets.get(namespace, 0))
+        forgets = self._forgets.get(namespace, 0) if self._forgets else 0
+        req = Request(self._next_rid, namespace, arr, priority, forgets)
         usable = arr.size - 1 if arr.size else 0  # the last token is always computed
         match = self.tree.match(namespace, arr, priority, usable)
         if self._tiered and self.tiers.wait_for_loads(match):
@@ -162,7 +164,7 @@ class RadixCache(BulkCalls):
         c.prompt_tokens += arr.size
         c.hit_tokens += match.device_len
         c.hit_pages += req.num_pages
-        self._gate.admitted(namespace, arr.size, match.device_len, req.cached_len)
+        self._ledger.admitted(namespace, arr.size, match.device_len, req.cached_len)
         return req
 
     def peek(self, tokens: object, namespace: Namespace = DEFAULT_NAMESPACE) -> int:

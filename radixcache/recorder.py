@@ -207,6 +207,8 @@ class EventRecorder:
 
     def take(self) -> list[KvEvent]:
         """The records of every report since the last call, in order."""
+        if not self._records:
+            return []
         records, self._records = self._records, []
         out: list[KvEvent] = []
         for r in records:

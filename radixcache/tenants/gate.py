@@ -84,13 +84,6 @@ class TenantGate:
         finally:
             host.evicting_for = None
 
-    def admitted(self, namespace: Namespace, prompt: int, device: int, cached: int) -> None:
-        c = self.ledger.counters_of(namespace)
-        c.requests += 1
-        c.prompt_tokens += prompt
-        c.device_hit_tokens += device
-        c.lower_hit_tokens += cached - device
-
     def _make_room(self, key: object, limit: int, n: int) -> int:
         """Evict ``key``'s own pages so ``n`` more fit under ``limit`` if they
         can; returns how many of the ``n`` fit."""

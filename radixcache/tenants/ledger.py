@@ -111,6 +111,17 @@ class TenantLedger:
             c = self._by_ns[namespace] = self.of(self.key(namespace))
         return c
 
+    def admitted(self, namespace: Namespace, prompt: int, device: int, cached: int) -> None:
+        """A request of ``namespace`` was admitted: ``prompt`` tokens, of
+        which ``device`` found on the device and ``cached`` in all."""
+        c = self._by_ns.get(namespace)
+        if c is None:
+            c = self.counters_of(namespace)
+        c.requests += 1
+        c.prompt_tokens += prompt
+        c.device_hit_tokens += device
+        c.lower_hit_tokens += cached - device
+
     def quota(self, key: TenantKey) -> TenantQuota:
         return self.book.get(key) if self.book is not None else _NONE
 
