@@ -109,7 +109,7 @@ class Request:
         self.cached_len = 0  # tokens found cached at admission
         self.num_computed = 0  # tokens whose KV is in the page table
         self.reserved_tokens = 0  # positions covered by reservations
-        self._pages: PageIds = np.empty(max(4, tokens.size // 8), _PAGE_ID)
+        self._pages: PageIds = EMPTY_PAGES  # the page table (allocated by the first pages)
         self.num_pages = 0  # valid entries of the page table
         self.shared_pages = 0  # leading pages owned by the tree
         self.locked_node: Node | None = None  # node this request locks (None: nothing)
@@ -140,8 +140,8 @@ class Request:
     # ------------------------------------------------------------------ state changes
     def _append_pages(self, pages: PageIds) -> None:
         need = self.num_pages + pages.size
-        if need > self._pages.size:
-            grown = np.empty(max(need, 2 * self._pages.size), dtype=np.int32)
+        if need > self._pages.size:  # (room for the prompt's pages at the first)
+            grown = np.empty(max(need, 2 * self._pages.size, self._tokens.size // 8), _PAGE_ID)
             grown[: self.num_pages] = self._pages[: self.num_pages]
             self._pages = grown
         self._pages[self.num_pages : need] = pages

@@ -37,6 +37,8 @@ import numpy as np
 
 cdef object _empty = np.empty
 cdef object _heappop = heapq.heappop
+cdef object _NO_PAGES = np.empty(0, np.int32)  # a match's pages when it found none (shared)
+_NO_PAGES.setflags(write=False)
 cdef object _I32 = np.dtype(np.int32)
 cdef object _I64 = np.dtype(np.int64)
 cdef uint64_t _B = 0x9E3779B97F4A7C15ULL
@@ -316,7 +318,8 @@ def match_walk(tree, Node root, object tokens, Py_ssize_t n, object priority, ob
             node = child
     finally:
         PyBuffer_Release(&tb)
-    return _match_result(device_len, concat_pages(parts), last_device, pos - device_len, tuple(host_nodes))
+    return _match_result(device_len, concat_pages(parts) if parts else _NO_PAGES, last_device,
+                         pos - device_len, tuple(host_nodes))
 
 
 def lock(tree, Node node):

@@ -144,7 +144,7 @@ class MatchResult:
     """
 
     device_len: int  # tokens whose KV is on the device, usable at once
-    device_pages: PageIds  # device page ids covering ``device_len`` (a new array)
+    device_pages: PageIds  # device page ids covering ``device_len`` (new; none found: a shared empty one)
     last_device_node: Node | None  # deepest node of the device part, None if none
     host_len: int = 0  # tokens beyond ``device_len`` held in host memory
     host_nodes: tuple[Node, ...] = ()  # the nodes holding them, in order

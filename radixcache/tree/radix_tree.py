@@ -106,7 +106,7 @@ class RadixTree:
         n -= n % p
         root = self._roots.get(namespace)
         if root is None or n == 0:
-            return MatchResult(0, EMPTY_PAGES.copy(), None)
+            return MatchResult(0, EMPTY_PAGES, None)
         self.tick += 1
         return self._walk(root, tokens, n, priority, self.tick)
 
@@ -142,8 +142,8 @@ class RadixTree:
                 break
             pos += matched
             node = child
-        return MatchResult(device_len, concat_pages(device_parts), last_device, pos - device_len,
-                           tuple(host_nodes))
+        pages = concat_pages(device_parts) if device_parts else EMPTY_PAGES
+        return MatchResult(device_len, pages, last_device, pos - device_len, tuple(host_nodes))
 
     def peek(self, namespace: Namespace, tokens: TokenArray) -> int:
         """Tokens of the longest device-resident cached prefix of ``tokens``

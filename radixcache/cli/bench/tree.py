@@ -225,6 +225,9 @@ def run(quick: bool, runs: int = 1, with_peer: bool = False) -> dict[str, Any]:
         "benchmark": "tree",
         "page_size": P,
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
+        # glibc's allocator settings for this process (README "Benchmarks":
+        # glibc.malloc.hugetlb=1 takes most page faults off tree growth)
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "tree_pages": tree.device_pages,
         "tree_nodes": tree.node_count,
         "tree_level": "RadixTree and PageAllocator alone, no events, against the naive cache",
