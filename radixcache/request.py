@@ -139,6 +139,8 @@ class Request:
 
     # ------------------------------------------------------------------ state changes
     def _append_pages(self, pages: PageIds) -> None:
+        if not pages.size:
+            return  # (the table may still be the shared read-only empty one)
         need = self.num_pages + pages.size
         if need > self._pages.size:  # (room for the prompt's pages at the first)
             grown = np.empty(max(need, 2 * self._pages.size, self._tokens.size // 8), _PAGE_ID)
@@ -289,9 +291,12 @@ class Request:
         takes the tree's ``tree_pages`` for them; returns this request's
         copies (for the caller to free)."""
         dup_from = self.shared_pages
-        table = self.page_table
-        dup = table[dup_from:dup_to].copy()
-        table[dup_from:dup_to] = tree_pages[dup_from:dup_to]
+        if dup_to > dup_from:
+            table = self.page_table
+            dup = table[dup_from:dup_to].copy()
+            table[dup_from:dup_to] = tree_pages[dup_from:dup_to]
+        else:
+            dup = EMPTY_PAGES
         if full:
             self._move_lock(locks, node)
         self.shared_pages = full
