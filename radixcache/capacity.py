@@ -27,7 +27,6 @@ so the same guarantee holds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NoReturn
 
 from radixcache.errors import OutOfPagesError
@@ -35,7 +34,7 @@ from radixcache.stats import Counters
 from radixcache.tenants.gate import TenantGate
 from radixcache.tiers.contract import NullTiers, Tiers
 from radixcache.transfer import PageAllocator
-from radixcache.tree.node import Node, PageIds
+from radixcache.tree.node import PageIds
 from radixcache.tree.radix_tree import RadixTree
 
 
@@ -52,13 +51,11 @@ class DeviceCapacity:
         self.tree: RadixTree | None = None
         self.tiers: Tiers = NullTiers()
         self.gate: TenantGate | None = None  # quotas: whom eviction is for, limits on loads
-        self._before_drop: Callable[[Node], None] | None = None  # the tiers' hook (None: no tiers)
 
     def bind(self, tree: RadixTree, tiers: Tiers, gate: TenantGate | None = None) -> None:
         self.tree = tree
         self.tiers = tiers
         self.gate = gate
-        self._before_drop = None if isinstance(tiers, NullTiers) else tiers.before_device_drop
 
     def _evictable(self) -> int:
         """What eviction may free for the current allocation: every
@@ -120,7 +117,9 @@ class DeviceCapacity:
         gate = self.gate
         ev = None if gate is None else gate.eviction
         if ev is None:
-            freed = tree.evict(num_pages, self._before_drop).device_pages
+            # (the gate holds the tiers' backup hook: None for a device-only cache)
+            before_drop = self.tiers.before_device_drop if gate is None else gate.before_drop
+            freed = tree.evict(num_pages, before_drop).device_pages
         else:
             # (victims' backups are made for the requester too: host floors hold against it)
             freed = ev.evict(num_pages, gate.back_up_victim, gate.requester).device_pages  # type: ignore[union-attr]
