@@ -50,8 +50,12 @@ def extensions() -> list[object]:
     from setuptools import Extension
 
     ext = Extension("radixcache.native._core", [CORE], extra_compile_args=["-O3"], optional=True)
-    return list(cythonize([ext], compiler_directives={"language_level": 3}, quiet=True,
-                          build_dir="build"))  # (the generated C stays out of the package)
+    try:
+        return list(cythonize([ext], compiler_directives={"language_level": 3}, quiet=True,
+                              build_dir="build"))  # (the generated C stays out of the package)
+    except Exception as exc:  # Cython itself failed (a broken source tree, an old Cython)
+        _skip(exc)
+        return []
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -149,7 +149,8 @@ class RadixCache(BulkCalls):
             cut = self._retention.cut_match(match)  # expired pages still held: end before them
             if cut is not None:
                 match, req.forgets = cut, -1  # and its own pages stay private
-        req.admit_cached(self.tree, match.last_device_node, match.device_pages, match.device_len)
+        if match.last_device_node is not None:  # (a miss leaves the new handle as it is)
+            req.admit_cached(self.tree, match.last_device_node, match.device_pages, match.device_len)
         self._gate.serving(namespace)  # load-backs are for its tenant
         if self._tiered:
             try:
@@ -267,7 +268,8 @@ class RadixCache(BulkCalls):
         # Pages [shared_pages, existing) were computed by this request but are
         # already cached: adopt the tree's pages, free ours.
         dup_to = max(result.existing_pages, req.shared_pages)
-        dup = req.inserted(self.tree, result.last_node, full, result.device_pages, dup_to)
+        tree_pages = result.device_pages if dup_to > req.shared_pages else EMPTY_PAGES
+        dup = req.inserted(self.tree, result.last_node, full, tree_pages, dup_to)
         if dup.size:
             self.pool.free(dup)
             self.counters.duplicate_pages += int(dup.size)

@@ -118,10 +118,14 @@ class EventRecorder:
         if count <= 0 or node.forgotten:
             return
         ids = self.ids.node_ids(node)
-        parent = int(ids[start - 1]) if start > 0 else self.ids.parent_id(node)
-        run = ids[start : start + count]
         p = self.page_size
-        self._append(run, parent, node.key[start * p : (start + count) * p], node.namespace, medium)
+        if start == 0 and count == ids.size:  # the whole node (a new leaf): no slices
+            self._append(ids, self.ids.parent_id(node), node.key, node.namespace, medium)
+            run = ids
+        else:
+            parent = int(ids[start - 1]) if start > 0 else self.ids.parent_id(node)
+            run = ids[start : start + count]
+            self._append(run, parent, node.key[start * p : (start + count) * p], node.namespace, medium)
         if medium in STORAGE_MEDIA:
             # (cached on the node by the store job; for a page read back from
             # storage they are computed here once: the read costs far more)

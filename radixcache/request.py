@@ -8,6 +8,7 @@ import numpy as np
 
 from radixcache.errors import RequestStateError
 from radixcache.namespace import Namespace
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 from radixcache.tree.node import EMPTY_PAGES, Node, PageIds, TokenArray
 
 
@@ -336,3 +337,8 @@ class Request:
             f"computed={self.num_computed}, pages={self.num_pages}, shared={self.shared_pages}, "
             f"released={self.released})"
         )
+
+
+append_pages_reference = Request._append_pages  # what the compiled append is held to (tests)
+if native_core is not None:  # the same append without numpy's slicing (radixcache/native/_core.pyx)
+    Request._append_pages = native_core.append_pages  # type: ignore[method-assign]

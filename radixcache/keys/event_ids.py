@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixcache.keys.hashing import BlockIds, block_ids, namespace_seed
+from radixcache.keys.hashing import BlockIds, block_ids, lane_weights, namespace_seed
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 from radixcache.namespace import Namespace
 from radixcache.keys.chain import ChainNode
 
@@ -35,6 +36,7 @@ class EventIds:
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
+        self.lanes = lane_weights(page_size)  # (read by the compiled node_ids)
         self._seeds: dict[Namespace, int] = {}  # namespace -> the id its chains start from
 
     def seed(self, namespace: Namespace) -> int:
@@ -72,3 +74,8 @@ class EventIds:
         if parent is None or parent.parent is None:
             return None
         return int(self.node_ids(parent)[-1])
+
+
+node_ids_reference = EventIds.node_ids  # what the compiled walk is held to (tests)
+if native_core is not None:  # the same walk and ids in one C call (radixcache/native/_core.pyx)
+    EventIds.node_ids = native_core.node_ids  # type: ignore[method-assign]

@@ -131,6 +131,12 @@ class _Tables:
 _TABLES = _Tables()
 
 
+def lane_weights(page_size: int) -> npt.NDArray[np.uint64]:
+    """The uint64 lane weights ``K_0 .. K_(P-1)`` of ``block_ids`` for pages
+    of ``page_size`` tokens (shared, read only)."""
+    return _TABLES.lane_weights(page_size)
+
+
 def block_ids(
     tokens: npt.NDArray[np.int32], page_size: int, parent: int | None, seed: int
 ) -> BlockIds:

@@ -1,13 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The compiled hot loops of the request path (see ``radixcache.native``).
 
-Each function here (and in the files it includes, ``pools.pxi`` and
-``eviction.pxi``: one extension module) has a pure-Python reference of the
+Each function here (and in the files it includes, ``pools.pxi``,
+``eviction.pxi``, ``table.pxi`` and ``ids.pxi``: one extension module) has a pure-Python reference of the
 same contract where it is used; the reference is what the tests hold this
 module to:
 
     Node            radixcache/tree/node.py         Node
     MatchResult     radixcache/tree/node.py         MatchResult
+    match           radixcache/tree/radix_tree.py   RadixTree.match
     match_walk      radixcache/tree/radix_tree.py   RadixTree._walk
     lock, unlock    radixcache/tree/radix_tree.py   RadixTree.lock / unlock
     evict_loop      radixcache/tree/eviction.py     DeviceEviction.evict
@@ -16,10 +17,12 @@ module to:
     first_page      radixcache/tree/radix_tree.py   first_page
     concat_pages    radixcache/tree/node.py         concat_pages
     block_ids       radixcache/keys/hashing.py      block_ids
+    node_ids        radixcache/keys/event_ids.py    EventIds.node_ids
     owned_tokens    radixcache/tokens.py            owned_tokens
     namespace_hash  radixcache/namespace.py         Namespace.__hash__
     pool_take       radixcache/transfer/allocator.py PageAllocator.allocate
     pool_give       radixcache/transfer/allocator.py PageAllocator.free
+    append_pages    radixcache/request.py           Request._append_pages
 
 Token and page-id arrays are int32 and C-contiguous (the tree only holds
 validated ones); the loops read them through the buffer protocol, so no
@@ -39,8 +42,11 @@ cdef object _empty = np.empty
 cdef object _heappop = heapq.heappop
 cdef object _NO_PAGES = np.empty(0, np.int32)  # a match's pages when it found none (shared)
 _NO_PAGES.setflags(write=False)
+cdef object _NO_IDS = np.empty(0, np.int64)  # the ids of a node with no pages (shared)
+_NO_IDS.setflags(write=False)
 cdef object _I32 = np.dtype(np.int32)
 cdef object _I64 = np.dtype(np.int64)
+cdef object _ascontiguous = np.ascontiguousarray
 cdef uint64_t _B = 0x9E3779B97F4A7C15ULL
 cdef uint64_t _M = 0xBF58476D1CE4E5B9ULL
 cdef uint64_t _MASK63 = 0x7FFFFFFFFFFFFFFFULL
@@ -148,6 +154,23 @@ cdef MatchResult _match_result(object device_len, object pages, object last, obj
 
 
 # ---------------------------------------------------------------- buffers
+cdef object _int32_view(object ids, Py_buffer* view):
+    """A read view of ``ids`` as a 1-D C-contiguous int32 array: of ``ids``
+    itself, or of the copy that numpy's assignment into an int32 array would
+    convert them to (returned: the caller keeps it alive with the view)."""
+    try:
+        PyObject_GetBuffer(ids, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    except (TypeError, BufferError, ValueError):
+        pass
+    else:
+        if view.ndim == 1 and view.itemsize == 4 and view.format != NULL and strcmp(view.format, b"i") == 0:
+            return ids
+        PyBuffer_Release(view)
+    ids = _ascontiguous(ids, _I32).reshape(-1)
+    PyObject_GetBuffer(ids, view, PyBUF_SIMPLE)
+    return ids
+
+
 cdef inline int _read(object arr, Py_buffer* view) except -1:
     """A read view of a C-contiguous array (ValueError otherwise)."""
     return PyObject_GetBuffer(arr, view, PyBUF_SIMPLE)
@@ -242,49 +265,36 @@ def owned_tokens(object tokens):
 
 
 include "pools.pxi"
+include "table.pxi"
 
 
-# ---------------------------------------------------------------- block ids
-def block_ids(object tokens, Py_ssize_t page_size, uint64_t start, object lanes):
-    """Event block ids of the pages of ``tokens`` chaining from ``start``
-    (the parent's id, or the namespace's seed); ``lanes``: the uint64 lane
-    weights of ``radixcache.keys.hashing``. A new int64 array."""
-    cdef Py_buffer tb, lb, ob
-    cdef Py_ssize_t n, i, j
-    cdef uint64_t x, prev = start
-    cdef const uint32_t* t
-    cdef const uint64_t* k
-    cdef int64_t* o
-    _read(tokens, &tb)
-    try:
-        _read(lanes, &lb)
-        try:
-            n = tb.len // 4 // page_size
-            out = _empty(n, _I64)
-            PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
-            t = <const uint32_t*>tb.buf
-            k = <const uint64_t*>lb.buf
-            o = <int64_t*>ob.buf
-            for i in range(n):
-                x = 0
-                for j in range(page_size):
-                    x += <uint64_t>t[i * page_size + j] * k[j]
-                x ^= x >> 29
-                prev = (_B * prev + _M * x) & _MASK63
-                o[i] = <int64_t>prev
-            PyBuffer_Release(&ob)
-        finally:
-            PyBuffer_Release(&lb)
-    finally:
-        PyBuffer_Release(&tb)
-    return out
+include "ids.pxi"
 
 
 # ---------------------------------------------------------------- the tree
+def match(tree, namespace, object tokens, object priority=0, Py_ssize_t end=-1):
+    """``RadixTree.match`` (its arguments, then the walk below)."""
+    cdef Py_ssize_t p = tree.page_size
+    cdef Py_ssize_t n = len(tokens)
+    if 0 <= end < n:
+        n = end
+    n -= n % p
+    root = tree._roots.get(namespace)
+    if root is None or n == 0:
+        return _match_result(0, _NO_PAGES, None, 0, ())
+    tick = tree.tick + 1
+    tree.tick = tick
+    return _walk(tree, <Node?>root, tokens, n, p, priority, tick)
+
+
 def match_walk(tree, Node root, object tokens, Py_ssize_t n, object priority, object tick):
     """``RadixTree._walk``: the loop of ``match`` and its result (see there)."""
+    return _walk(tree, root, tokens, n, tree.page_size, priority, tick)
+
+
+cdef MatchResult _walk(tree, Node root, object tokens, Py_ssize_t n, Py_ssize_t p, object priority,
+                       object tick):
     cdef Py_buffer tb
-    cdef Py_ssize_t p = tree.page_size
     cdef Py_ssize_t pos = 0, device_len = 0, matched
     cdef const int32_t* t
     cdef Node node = root, child, last_device = None

@@ -160,11 +160,17 @@ class InsertResult:
     """Outcome of inserting a run of pages."""
 
     existing_pages: int  # leading pages already on the device: the caller's copies are duplicates
-    device_pages: PageIds  # the tree's device page ids for the whole inserted sequence
+    device_parts: list[PageIds]  # the device pages of the nodes on the inserted path, in order
     last_node: Node  # node holding the last inserted page
     new_nodes: list[Node]  # nodes whose device pages came from this insert, in path order
     new_node_offsets: list[int]  # for each, the sequence index of the first page this insert gave it
     inserted_pages: int  # leading pages now in the tree (all, unless a node being loaded back stopped it)
+
+    @property
+    def device_pages(self) -> PageIds:
+        """The tree's device page ids for the whole inserted sequence (a new
+        array, built on demand: the caller needs it only for duplicates)."""
+        return concat_pages(self.device_parts)
 
 
 @dataclass(slots=True)

@@ -232,8 +232,11 @@ class RadixTree:
         new_nodes: list[Node] = []
         offsets: list[int] = []
         eviction = self.eviction
+        child: Node | None = None
+        key = b""  # the first page at ``pos`` (what the children are keyed by)
         while pos < total:
-            child = node.children.get(first_page(tokens, pos, p))
+            key = first_page(tokens, pos, p)
+            child = node.children.get(key)
             if child is None:
                 break
             matched = common_len(child.key, tokens, pos, total, p)
@@ -257,11 +260,10 @@ class RadixTree:
             parts.append(child.device)
             pos += matched
             node = child
-        blocked = pos < total and (
-            (child := node.children.get(first_page(tokens, pos, p))) is not None
-        )
-        if blocked:  # stopped at a node being loaded back: the rest stays with the caller
-            return InsertResult(existing, concat_pages(parts), node, new_nodes, offsets, pos // p)
+        # (the loop stopped with ``child`` None where nothing is cached at ``pos``)
+        if pos < total and child is not None:
+            # stopped at a node being loaded back: the rest stays with the caller
+            return InsertResult(existing, parts, node, new_nodes, offsets, pos // p)
         if pos < total and self._can_extend(node):
             old_pages = node.key.size // p
             self._extend_leaf(node, tokens[pos:], pages[pos // p :])
@@ -273,7 +275,7 @@ class RadixTree:
             leaf = Node(tokens[pos:].copy(), node, namespace, tick)
             leaf.last_access = tick
             leaf.priority = priority
-            node.children[first_page(tokens, pos, p)] = leaf
+            node.children[key] = leaf
             self.node_count += 1
             self.attach_pages(leaf, pages[pos // p :].copy())
             self.recorder.stored(leaf, 0, (total - pos) // p, GPU)
@@ -281,7 +283,7 @@ class RadixTree:
             offsets.append(pos // p)
             parts.append(leaf.device)  # type: ignore[arg-type]
             node = leaf
-        return InsertResult(existing, concat_pages(parts), node, new_nodes, offsets, total // p)
+        return InsertResult(existing, parts, node, new_nodes, offsets, total // p)
 
     def _can_extend(self, node: Node) -> bool:
         """Whether new pages may be appended to ``node`` itself.
@@ -390,6 +392,7 @@ class RadixTree:
 
 
 if native_core is not None:  # the same loops, compiled (radixcache/native/_core.pyx)
+    RadixTree.match = native_core.match  # type: ignore[method-assign]
     RadixTree._walk = native_core.match_walk  # type: ignore[method-assign]
     RadixTree.lock = native_core.lock  # type: ignore[method-assign]
     RadixTree.unlock = native_core.unlock  # type: ignore[method-assign]

@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 
 from radixcache import native
 from radixcache.keys.hashing import _TABLES, block_id_of_sequence, vector_block_ids
+from radixcache import RadixTree, make_eviction_policy
+from radixcache.keys.event_ids import EventIds, node_ids_reference
+from radixcache.namespace import DEFAULT_NAMESPACE
+from radixcache.request import Request, append_pages_reference
 from radixcache.tree import node as node_module
+from radixcache.tree.node import EMPTY_PAGES, Node
 
 ROOT = Path(__file__).resolve().parents[3]
 NATIVE_DIR = ROOT / "radixcache" / "native"
@@ -145,6 +150,56 @@ def test_owned_tokens_copies_and_refuses_negative_ids(values: list[int]) -> None
     else:
         assert got is not None and got.tolist() == values and got.dtype == np.int32
         assert not np.shares_memory(got, arr)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_append_pages_equals_the_python_reference(data: st.DataObject) -> None:
+    core = _core()
+    prompt = np.zeros(data.draw(st.integers(0, 300)), np.int32)
+    mine, ref = (Request(0, DEFAULT_NAMESPACE, prompt, 0) for _ in range(2))
+    for _ in range(data.draw(st.integers(1, 8))):
+        ids = np.asarray(data.draw(st.lists(st.integers(0, 2**31 - 1), max_size=40)), np.int32)
+        form = data.draw(st.sampled_from(["int32", "int64", "strided", "read-only"]))
+        if form == "int64":
+            ids = ids.astype(np.int64)
+        elif form == "strided":
+            ids = np.repeat(ids, 2)[::2]
+        elif form == "read-only":
+            ids.setflags(write=False)
+        core.append_pages(mine, ids)
+        append_pages_reference(ref, ids)
+        assert mine.num_pages == ref.num_pages
+        assert mine.page_table.tolist() == ref.page_table.tolist()
+        assert mine._pages.size == ref._pages.size and mine._pages.dtype == np.int32
+        assert not np.shares_memory(mine._pages, ids)
+    assert EMPTY_PAGES.size == 0  # the shared empty table was never written
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=5), min_size=1, max_size=8),
+    st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_node_ids_equal_the_python_reference(pages: list[list[int]], ask: list[bool]) -> None:
+    core = _core()
+    # Two identical trees, each caching its own ids: one asked through the
+    # compiled walk, one through the reference, in lockstep; ids asked for
+    # between inserts get extended and split by the later ones.
+    trees = [RadixTree(4, make_eviction_policy("lru")) for _ in range(2)]
+    asks = [(EventIds(4), core.node_ids), (EventIds(4), node_ids_reference)]
+    start = 0
+    for i, p in enumerate(pages):
+        tokens = np.repeat(np.asarray(p, np.int32), 4)
+        ids = np.arange(start, start + len(p), dtype=np.int32)
+        start += len(p)
+        ends = [tree.insert(DEFAULT_NAMESPACE, tokens, ids).last_node for tree in trees]
+        if ask[i] or i == len(pages) - 1:
+            while ends[0].parent is not None:
+                got = [fn(eids, node).tolist() for (eids, fn), node in zip(asks, ends)]
+                assert got[0] == got[1]
+                assert ends[0].ids is not None and ends[0].ids.dtype == np.int64
+                ends = [node.parent for node in ends]
 
 
 def _workload(pure: bool, seeds: int, steps: int) -> dict[str, object]:
