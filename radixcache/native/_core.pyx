@@ -2,7 +2,8 @@
 """The compiled hot loops of the request path (see ``radixcache.native``).
 
 Each function here (and in the files it includes, ``pools.pxi``,
-``eviction.pxi``, ``table.pxi`` and ``ids.pxi``: one extension module) has a pure-Python reference of the
+``eviction.pxi``, ``table.pxi``, ``ids.pxi`` and ``insert.pxi``: one
+extension module) has a pure-Python reference of the
 same contract where it is used; the reference is what the tests hold this
 module to:
 
@@ -10,9 +11,12 @@ module to:
     MatchResult     radixcache/tree/node.py         MatchResult
     match           radixcache/tree/radix_tree.py   RadixTree.match
     match_walk      radixcache/tree/radix_tree.py   RadixTree._walk
+    insert_walk     radixcache/tree/radix_tree.py   RadixTree._insert_walk
     lock, unlock    radixcache/tree/radix_tree.py   RadixTree.lock / unlock
     evict_loop      radixcache/tree/eviction.py     DeviceEviction.evict
     drop_device     radixcache/tree/eviction.py     DeviceEviction.drop_device
+    eviction_update radixcache/tree/eviction.py     DeviceEviction.update
+    eviction_push   radixcache/tree/eviction.py     DeviceEviction.push
     common_len      radixcache/tree/radix_tree.py   RadixTree._common_len
     first_page      radixcache/tree/radix_tree.py   first_page
     concat_pages    radixcache/tree/node.py         concat_pages
@@ -40,6 +44,7 @@ import numpy as np
 
 cdef object _empty = np.empty
 cdef object _heappop = heapq.heappop
+cdef object _heappush = heapq.heappush
 cdef object _NO_PAGES = np.empty(0, np.int32)  # a match's pages when it found none (shared)
 _NO_PAGES.setflags(write=False)
 cdef object _NO_IDS = np.empty(0, np.int64)  # the ids of a node with no pages (shared)
@@ -369,6 +374,7 @@ def unlock(tree, Node node):
 
 
 include "eviction.pxi"
+include "insert.pxi"
 
 
 # ---------------------------------------------------------------- namespaces

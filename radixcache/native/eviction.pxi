@@ -1,6 +1,26 @@
 # Included in _core.pyx (one extension module, for the typed ``Node``): device
 # eviction. References: radixcache/tree/eviction.py, ``DeviceEviction.evict`` /
-# ``drop_device``.
+# ``drop_device`` / ``update`` / ``push``.
+
+def eviction_update(ev, Node node not None):
+    """``DeviceEviction.update``: ``node`` joins the candidates if it
+    qualifies (its heap entry through ``ev.push``, which a subclass may
+    override)."""
+    cdef set candidates
+    if node.lock_ref == 0 and node.device is not None and node.device_children == 0 \
+            and node.parent is not None:
+        candidates = ev.candidates
+        if node not in candidates:
+            candidates.add(node)
+            ev.push(node)
+
+
+def eviction_push(ev, Node node not None):
+    """``DeviceEviction.push``: a fresh heap entry for ``node``."""
+    seq = next(ev._seq)
+    node.heap_seq = seq
+    _heappush(ev.heap, tuple(ev.policy.key(node)) + (seq, node))
+
 
 def evict_loop(ev, Py_ssize_t num_pages, before_drop):
     """The loop of ``DeviceEviction.evict`` (see there): the released device

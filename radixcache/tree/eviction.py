@@ -210,3 +210,5 @@ class DeviceEviction:
 _evict_loop = None if native_core is None else native_core.evict_loop
 if native_core is not None:  # the same steps, compiled (radixcache/native/_core.pyx)
     DeviceEviction.drop_device = native_core.drop_device  # type: ignore[method-assign]
+    DeviceEviction.update = native_core.eviction_update  # type: ignore[method-assign]
+    DeviceEviction.push = native_core.eviction_push  # type: ignore[method-assign]

@@ -224,7 +224,15 @@ class RadixTree:
             root = Node(tokens[:0].copy(), None, namespace, -1)
             self._roots[namespace] = root
         self.tick += 1
-        tick = self.tick
+        return InsertResult(*self._insert_walk(root, namespace, tokens, pages, priority, self.tick))
+
+    def _insert_walk(
+        self, root: Node, namespace: Namespace, tokens: TokenArray, pages: PageIds, priority: int, tick: int
+    ) -> tuple[int, list[PageIds], Node, list[Node], list[int], int]:
+        """The steps of ``insert`` below ``root`` (arguments checked): the
+        fields of its ``InsertResult``, in order."""
+        p = self.page_size
+        total = tokens.size
         node = root
         pos = 0
         existing = 0
@@ -263,7 +271,7 @@ class RadixTree:
         # (the loop stopped with ``child`` None where nothing is cached at ``pos``)
         if pos < total and child is not None:
             # stopped at a node being loaded back: the rest stays with the caller
-            return InsertResult(existing, parts, node, new_nodes, offsets, pos // p)
+            return existing, parts, node, new_nodes, offsets, pos // p
         if pos < total and self._can_extend(node):
             old_pages = node.key.size // p
             self._extend_leaf(node, tokens[pos:], pages[pos // p :])
@@ -283,7 +291,7 @@ class RadixTree:
             offsets.append(pos // p)
             parts.append(leaf.device)  # type: ignore[arg-type]
             node = leaf
-        return InsertResult(existing, parts, node, new_nodes, offsets, total // p)
+        return existing, parts, node, new_nodes, offsets, total // p
 
     def _can_extend(self, node: Node) -> bool:
         """Whether new pages may be appended to ``node`` itself.
@@ -394,5 +402,6 @@ class RadixTree:
 if native_core is not None:  # the same loops, compiled (radixcache/native/_core.pyx)
     RadixTree.match = native_core.match  # type: ignore[method-assign]
     RadixTree._walk = native_core.match_walk  # type: ignore[method-assign]
+    RadixTree._insert_walk = native_core.insert_walk  # type: ignore[method-assign]
     RadixTree.lock = native_core.lock  # type: ignore[method-assign]
     RadixTree.unlock = native_core.unlock  # type: ignore[method-assign]

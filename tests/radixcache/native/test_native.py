@@ -24,6 +24,7 @@ from radixcache.keys.event_ids import EventIds, node_ids_reference
 from radixcache.namespace import DEFAULT_NAMESPACE
 from radixcache.request import Request, append_pages_reference
 from radixcache.tree import node as node_module
+from radixcache.tree import radix_tree
 from radixcache.tree.node import EMPTY_PAGES, Node
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -68,6 +69,10 @@ def test_the_compiled_node_has_every_field_of_the_python_node() -> None:
     for name in _python_node_slots():
         assert hasattr(n, name), name
     assert (n.uid, n.last_access, n.heap_seq, n.lock_ref, n.children, n.is_root) == (7, 7, -1, 0, {}, True)
+
+
+def test_the_compiled_insert_records_stores_under_the_tree_s_medium() -> None:
+    assert _core().GPU == radix_tree.GPU
 
 
 def test_the_compiled_match_result_is_the_python_one() -> None:

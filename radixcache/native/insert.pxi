@@ -1,0 +1,97 @@
+# Included in _core.pyx (one extension module): the walk of an insert.
+# Reference: radixcache/tree/radix_tree.py, ``RadixTree._insert_walk``.
+
+GPU = "GPU"  # the device medium as the tree records it (radix_tree.GPU)
+
+
+cdef object _copy_range(object arr, Py_ssize_t start, Py_ssize_t stop, object dtype, Py_ssize_t item):
+    """``arr[start:stop].copy()`` of a C-contiguous array of ``dtype``
+    (``item`` bytes an entry): one allocation and one memcpy."""
+    cdef Py_buffer ab, ob
+    out = _empty(stop - start, dtype)
+    if stop > start:
+        _read(arr, &ab)
+        try:
+            PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            memcpy(ob.buf, <char*>ab.buf + start * item, (stop - start) * item)
+            PyBuffer_Release(&ob)
+        finally:
+            PyBuffer_Release(&ab)
+    return out
+
+
+def insert_walk(tree, Node root, namespace, object tokens, object pages, object priority, object tick):
+    """``RadixTree._insert_walk``: the steps of ``insert`` below ``root``
+    (``tokens`` and ``pages`` checked; any integer arrays); the fields of
+    its ``InsertResult``, in order. Splits, adoptions, page attachment and
+    event records go through the tree's own methods, as there."""
+    cdef Py_buffer tb
+    cdef Py_ssize_t p = tree.page_size
+    cdef Py_ssize_t total, pos = 0, existing = 0, matched
+    cdef const int32_t* t
+    cdef Node node = root, child = None, leaf
+    cdef list parts = [], new_nodes = [], offsets = []
+    eviction = tree.eviction
+    cdef set candidates = eviction.candidates
+    lower = tree.lower
+    recorder = tree.recorder
+    cdef Py_buffer pb
+    key = b""
+    pages = _int32_view(pages, &pb)  # (as numpy would convert them into a node's int32 pages)
+    PyBuffer_Release(&pb)
+    tokens = _int32_view(tokens, &tb)
+    try:
+        t = <const int32_t*>tb.buf
+        total = tb.len // 4
+        while pos < total:
+            key = PyBytes_FromStringAndSize(<char*>(t + pos), p * 4)
+            found = node.children.get(key)
+            if found is None:
+                child = None
+                break
+            child = <Node>found
+            matched = _common(child.key, t, pos, total, p)
+            if child.device is None and not lower.adoptable(child):
+                break  # being loaded back: no adoption; the insert stops here
+            if matched < len(child.key):
+                child = tree.split(child, matched // p)
+            child.last_access = tick
+            if priority > child.priority:
+                child.priority = priority
+            if child in candidates:
+                eviction.push(child)  # its key changed: keep the heap fresh
+            if child.device is None:
+                tree.attach_pages(child, _copy_range(pages, pos // p, (pos + matched) // p, _I32, 4))
+                recorder.stored(child, 0, matched // p, GPU)
+                new_nodes.append(child)
+                offsets.append(pos // p)
+            elif existing * p == pos:
+                existing += matched // p
+            parts.append(child.device)
+            pos += matched
+            node = child
+    finally:
+        PyBuffer_Release(&tb)
+    if pos < total and child is not None:
+        # stopped at a node being loaded back: the rest stays with the caller
+        return existing, parts, node, new_nodes, offsets, pos // p
+    if pos < total and tree._can_extend(node):
+        old_pages = len(node.key) // p
+        tree._extend_leaf(node, tokens[pos:], pages[pos // p:])
+        recorder.stored(node, old_pages, (total - pos) // p, GPU)
+        new_nodes.append(node)
+        offsets.append(pos // p)
+        parts.append(_copy_range(pages, pos // p, total // p, _I32, 4))
+    elif pos < total:
+        leaf = Node(_copy_range(tokens, pos, total, _I32, 4), node, namespace, tick)
+        leaf.last_access = tick
+        leaf.priority = priority
+        node.children[key] = leaf
+        tree.node_count += 1
+        tree.attach_pages(leaf, _copy_range(pages, pos // p, total // p, _I32, 4))
+        recorder.stored(leaf, 0, (total - pos) // p, GPU)
+        new_nodes.append(leaf)
+        offsets.append(pos // p)
+        parts.append(leaf.device)
+        node = leaf
+    return existing, parts, node, new_nodes, offsets, total // p
