@@ -19,7 +19,10 @@ publisher, which copies the list (not the records) and keeps the records until
 it has encoded them. ``BlockStored`` and ``BlockRemoved`` are built per engine
 step and per decoded event, so they are slotted but not frozen (a frozen
 dataclass costs about three times as much to build); treat them as immutable
-all the same, before and after publishing.
+all the same, before and after publishing. Their block ids may be handed in
+as an int64 array: the Python ints of the list that ``block_hashes`` reads as
+are then built by whoever reads it first (the publisher's thread), not by the
+owner thread that recorded them.
 """
 
 from __future__ import annotations
@@ -58,8 +61,37 @@ HASH_LIMIT: Final = 1 << 63  # block hashes are ints in [0, HASH_LIMIT)
 TokenIds = Union[list[int], npt.NDArray[np.integer[Any]]]  # a store's token ids, either form
 
 
-@dataclass(slots=True)
-class BlockStored:
+# A record's block ids as given to it: a list of ints, or an int64 numpy
+# array (what the cache's recorder hands over: the ids the tree caches, with
+# no Python int built on the owner thread).
+BlockHashes = Union[list[int], npt.NDArray[np.int64]]
+
+
+class _Blocks:
+    """The block ids of a record. Given as an array, they become the list of
+    ints that ``block_hashes`` returns the first time anyone reads them (the
+    publisher's thread, when it publishes), once; equal lists either way."""
+
+    __slots__ = ("_hashes",)
+    _hashes: BlockHashes
+
+    @property
+    def block_hashes(self) -> list[int]:
+        """The block ids, a list of ints in ``[0, 2**63)``."""
+        h = self._hashes
+        if not isinstance(h, np.ndarray):
+            return h  # (as given: the checks name anything that is no list of ints)
+        ids: list[int] = h.tolist()
+        self._hashes = ids  # (two threads reading at once build equal lists)
+        return ids
+
+    @property
+    def num_blocks(self) -> int:
+        """``len(block_hashes)``, without building the list."""
+        return len(self._hashes)
+
+
+class BlockStored(_Blocks):
     """``len(block_hashes)`` consecutive blocks became resident on ``medium``.
 
     ``token_ids`` holds all tokens of these blocks, concatenated, so its
@@ -72,26 +104,76 @@ class BlockStored:
     ``i - 1``; the first one chains to ``parent_block_hash`` (None for a block
     that starts a sequence). ``medium=None`` means the device tier, as peers
     read an unnamed medium; the encoder always writes the medium out.
+    ``block_hashes`` may be given as an int64 array (see ``_Blocks``); it
+    always reads as a list.
     """
 
-    block_hashes: list[int]  # one per block, each in [0, 2**63)
-    parent_block_hash: int | None  # hash of the block before the first, if any
-    token_ids: TokenIds  # all tokens of the blocks, concatenated
-    block_size: int  # tokens per block (the page size P)
-    lora_id: int | None = None  # adapter id of the namespace, if any
-    medium: Medium | None = None  # where the blocks now live; None means GPU
-    lora_name: str | None = None  # adapter name of the namespace, if any
-    cache_salt: str | None = None  # tenant salt of the namespace (SGLang's key)
-    # vLLM's per-block extra keys (one tuple or None per block), or None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
+    __slots__ = ("parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+                 "cache_salt", "extra_keys")
+    __match_args__ = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                      "lora_name", "cache_salt", "extra_keys")
+
+    def __init__(
+        self,
+        block_hashes: BlockHashes,  # one per block, each in [0, 2**63)
+        parent_block_hash: int | None,  # hash of the block before the first, if any
+        token_ids: TokenIds,  # all tokens of the blocks, concatenated
+        block_size: int,  # tokens per block (the page size P)
+        lora_id: int | None = None,  # adapter id of the namespace, if any
+        medium: Medium | None = None,  # where the blocks now live; None means GPU
+        lora_name: str | None = None,  # adapter name of the namespace, if any
+        cache_salt: str | None = None,  # tenant salt of the namespace (SGLang's key)
+        # vLLM's per-block extra keys (one tuple or None per block), or None
+        extra_keys: list[tuple[Any, ...] | None] | None = None,
+    ) -> None:
+        self._hashes = block_hashes
+        self.parent_block_hash = parent_block_hash
+        self.token_ids = token_ids
+        self.block_size = block_size
+        self.lora_id = lora_id
+        self.medium = medium
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self.extra_keys = extra_keys
+
+    def _values(self) -> tuple[Any, ...]:
+        return (self.block_hashes, self.parent_block_hash, self.token_ids, self.block_size, self.lora_id,
+                self.medium, self.lora_name, self.cache_salt, self.extra_keys)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not BlockStored:
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable, like the record it replaced)
+
+    def __repr__(self) -> str:
+        return "BlockStored(" + ", ".join(
+            f"{name}={value!r}" for name, value in zip(self.__match_args__, self._values())) + ")"
 
 
-@dataclass(slots=True)
-class BlockRemoved:
-    """The blocks stopped being resident on ``medium`` (other media keep theirs)."""
+class BlockRemoved(_Blocks):
+    """The blocks stopped being resident on ``medium`` (other media keep
+    theirs). ``block_hashes``: blocks leaving the medium, each in
+    ``[0, 2**63)``, a list or an int64 array (see ``_Blocks``); ``medium``:
+    the medium they left, None meaning GPU."""
 
-    block_hashes: list[int]  # blocks leaving the medium, each in [0, 2**63)
-    medium: Medium | None  # the medium they left; None means GPU
+    __slots__ = ("medium",)
+    __match_args__ = ("block_hashes", "medium")
+
+    def __init__(self, block_hashes: BlockHashes, medium: Medium | None) -> None:
+        self._hashes = block_hashes
+        self.medium = medium
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not BlockRemoved:
+            return NotImplemented
+        return self.block_hashes == other.block_hashes and self.medium == other.medium
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"BlockRemoved(block_hashes={self.block_hashes!r}, medium={self.medium!r})"
 
 
 @dataclass(frozen=True, slots=True)

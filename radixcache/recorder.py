@@ -22,9 +22,10 @@ those its store job cached on the node.
 
 Recording is cheap on purpose: a report keeps the page ids as the int64
 array the node caches (a view, no Python int per page) and a read-only
-view of the tokens; ``take`` builds the records from them, and the
-publisher's thread encodes them. Consecutive removals on one medium become
-one record.
+view of the tokens; ``take`` builds the records from them, handing both
+over as arrays, and the publisher's thread builds their Python ints when it
+encodes them (``events.types``: a record's ``block_hashes`` is made a list
+when first read). Consecutive removals on one medium become one record.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ class EventRecorder:
         if fields is None:
             fields = self._ns[ns] = _ns_fields(ns)
         salt, extra = fields
-        ids = r.ids.tolist()
+        ids = r.ids
         return BlockStored(
             ids, r.parent, r.tokens, self.page_size, ns.lora_id, cast(Medium, r.medium), ns.lora_name,
             salt, None if extra is None else [extra] * len(ids),
@@ -220,7 +221,7 @@ class EventRecorder:
                 out.append(self._stored_event(r))
             elif type(r) is _Removal:
                 parts = r.parts
-                ids = parts[0].tolist() if len(parts) == 1 else np.concatenate(parts).tolist()
+                ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
                 out.append(BlockRemoved(block_hashes=ids, medium=cast(Medium, r.medium)))
             elif isinstance(r, AllBlocksCleared):
                 out.append(r)

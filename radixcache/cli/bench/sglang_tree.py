@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
-import os
 import sys
 import types
 from array import array
@@ -188,9 +187,3 @@ def load() -> tuple[Callable[[int], SglangTree] | None, str]:
     version = getattr(sglang, "__version__", "?")
     return (lambda capacity: SglangTree(mod, capacity)), f"sglang {version}, UnifiedRadixCache, Rust tree core, CPU"
 
-
-def rss_bytes() -> int:
-    """Resident set size of this process (SGLang's tree lives in Rust memory
-    that tracemalloc cannot see)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

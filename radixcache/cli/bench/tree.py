@@ -253,9 +253,10 @@ def run(quick: bool, runs: int = 1, with_peer: bool = False) -> dict[str, Any]:
     ours_runs: list[dict[str, float]] = []
     peer_runs: list[dict[str, float]] = []
     for _ in range(runs):
-        ours_runs.append(tree_targets.ours(w, seqs, sizes))
-        if make_peer is not None:
-            peer_runs.append(tree_targets.peer(make_peer, w, seqs, sizes))
+        mine, theirs = tree_targets.measure(make_peer, w, seqs, sizes)
+        ours_runs.append(mine)
+        if theirs is not None:
+            peer_runs.append(theirs)
     result["public_api"] = {
         "what": "RadixCache admit/reserve/commit/release, record_events=True, take_events() after every request",
         "runs": ours_runs,

@@ -1,23 +1,25 @@
 """The tree benchmark's target table: the public API with events on, against
 SGLang's Rust tree core measured in the same run.
 
-Each run measures both sides on the same workload, one after the other; with
-``runs > 1`` every figure is the median over runs, and every ratio is the
-median of the per-run ratios (absolute times drift on a shared machine,
-ratios measured side by side hold better).
+Each run measures both sides on the same workload, their calls interleaved
+(``interleaved``: chunks of calls taking turns), so that the drift of a
+shared machine's speed falls on both; with ``runs > 1`` every figure is the
+median over runs, and every ratio is the median of the per-run ratios.
 """
 
 from __future__ import annotations
 
 import gc
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from radixcache.cli.bench import tree_api, verdict
-from radixcache.cli.bench.sglang_tree import SglangTree, load, rss_bytes
+from radixcache.cli.bench.sglang_tree import SglangTree, load
 from radixcache.cli.bench.tree_api import timed
 
 
@@ -59,78 +61,122 @@ class Sizes:
     replay_capacity: int  # pages
 
 
-def ours(w: Any, seqs: list[np.ndarray], s: Sizes) -> dict[str, float]:
-    """One run of the public API figures (events recorded, drained every request)."""
+CHUNK = 25  # calls a side makes in a row before the other side's turn
+
+
+def interleaved(
+    mine: Callable[[int], object], theirs: Callable[[int], object] | None, n: int
+) -> tuple[list[float], list[float]]:
+    """Seconds of each of ``mine(0) .. mine(n-1)`` and of ``theirs``'s, timed
+    one call at a time (``timed``) in chunks of ``CHUNK`` calls that take
+    turns, the side going first swapped every chunk: a drift of the
+    machine's speed (minutes here) falls on both sides alike. ``theirs``
+    None: ``mine`` alone."""
+    out: tuple[list[float], list[float]] = ([], [])
+    sides = [(mine, out[0]), (theirs, out[1])]
+    clock = time.perf_counter
+    for start in range(0, n, CHUNK):
+        for fn, samples in sides:
+            if fn is None:
+                continue
+            for i in range(start, min(n, start + CHUNK)):
+                t0 = clock()
+                fn(i)
+                samples.append(clock() - t0)
+        sides.reverse()
+    return out
+
+
+def measure(
+    make: Any, w: Any, seqs: list[np.ndarray], s: Sizes
+) -> tuple[dict[str, float], dict[str, float] | None]:
+    """One run of the public API figures (events recorded, drained every
+    request) and, when ``make`` builds the peer (SGLang's Rust tree core),
+    the same figures for the peer, every compared call timed interleaved
+    with the peer's (``interleaved``); None for the peer without one."""
     capacity = s.conversations * 320 + s.long_docs * 2048 + 1024
-    built = tree_api.build(capacity, w.first, w.turns, w.long)
-    cache = built.cache
-    cases = {"hit_32k": w.long, "hit_4k": w.first, "miss_4k": [w.miss4k], "miss_32k": [w.miss32k]}
-    looked = tree_api.lookups(cache, cases, s.reps)
-    evicted = tree_api.evictions(cache, 10_000, s.evictions)
+    gc.collect()
+    cache = tree_api.make_cache(capacity)
+    peer: SglangTree | None = None if make is None else make(capacity)
+    seconds = [np.concatenate([a, b]) for a, b in zip(w.first, w.turns)]
+    keys = {} if peer is None else {  # the peer's keys are built before its clock starts
+        "first": [peer.key(x) for x in w.first], "second": [peer.key(x) for x in seconds],
+        "long": [peer.key(x) for x in w.long], "miss4k": [peer.key(w.miss4k)], "miss32k": [peer.key(w.miss32k)],
+    }
+
+    def both(ours: Callable[[int], object], theirs: Callable[[Any, int], object], n: int) -> tuple[list[float], list[float]]:
+        return interleaved(ours, None if peer is None else lambda i: theirs(peer, i), n)
+
+    first_s = both(lambda i: tree_api.serve(cache, w.first[i]), lambda t, i: t.serve(keys["first"][i]), len(w.first))
+    second_s = both(lambda i: tree_api.serve(cache, seconds[i]), lambda t, i: t.serve(keys["second"][i]), len(seconds))
+    for i, doc in enumerate(w.long):
+        tree_api.serve(cache, doc)
+        if peer is not None:
+            peer.serve(keys["long"][i])
+    cases = {"hit_32k": (w.long, "long"), "hit_4k": (w.first, "first"), "miss_4k": ([w.miss4k], "miss4k"),
+             "miss_32k": ([w.miss32k], "miss32k")}
+
+    def lookup(arrays: list[np.ndarray], key: str) -> tuple[list[float], list[float]]:
+        return both(lambda i: tree_api.probe(cache, arrays[i % len(arrays)]),
+                    lambda t, i: t.probe(keys[key][i % len(keys[key])]), s.reps)
+
+    looked = {name: lookup(arrays, key) for name, (arrays, key) in cases.items()}
+    evicted: list[tuple[float, int]] = []
+    peer_evicted: list[float] = []
+    tree_pages = float(cache.tree.device_pages)
+    peer_pages = 0.0 if peer is None else float(peer.cached_pages())
+    for k in range(s.evictions):  # one eviction a side in turn, the first side swapped
+        for side in ("ours", "peer") if k % 2 == 0 else ("peer", "ours"):
+            if side == "ours":
+                evicted += tree_api.evictions(cache, 10_000, 1)
+            elif peer is not None:
+                peer_evicted += timed(lambda _: peer.evict_pages(10_000), 1)
     cache.check_integrity()
-    seconds, hit_ratio = tree_api.replay(seqs, s.replay_capacity)
+    del cache, peer
+    gc.collect()
+    replay_cache = tree_api.make_cache(s.replay_capacity)
+    replay_peer: SglangTree | None = None if make is None else make(s.replay_capacity)
+    replay_keys = [] if replay_peer is None else [replay_peer.key(x) for x in seqs]
+    hits: list[int] = []
+    replayed = interleaved(lambda i: hits.append(tree_api.serve(replay_cache, seqs[i])),
+                           None if replay_peer is None else lambda i: replay_peer.serve(replay_keys[i]),
+                           len(seqs))
+    replay_cache.check_integrity()
+    del replay_cache, replay_peer
+    # Tenant bookkeeping against the same replay without it (ours alone, each
+    # replay timed as a whole loop).
+    plain, _ = tree_api.replay(seqs, s.replay_capacity)
     tenants = {name: tree_api.replay(seqs, s.replay_capacity, book())[0]
                for name, book in tree_api.QUOTA_CASES.items()}
     mem = tree_api.rss_per_page(s.conversations, s.long_docs, capacity)
     traced = tree_api.bytes_per_page(w.first, w.turns, w.long, capacity)
-    return {
-        "tree_pages": float(built.cache.tree.device_pages + sum(p for _, p in evicted)),
-        **{f"{k}_us": tree_api.us(v) for k, v in looked.items()},
-        "insert_4k_us": tree_api.us(built.first_s),
-        "insert_turn2_us": tree_api.us(built.second_s),
+    mine = {
+        "tree_pages": tree_pages,
+        **{f"{k}_us": tree_api.us(v[0]) for k, v in looked.items()},
+        "insert_4k_us": tree_api.us(first_s[0]),
+        "insert_turn2_us": tree_api.us(second_s[0]),
         "evict_10k_ms": round(statistics.median(t for t, _ in evicted) * 1e3, 3),
         "evict_pages_freed": float(statistics.median(p for _, p in evicted)),
-        "replay_req_per_s": round(len(seqs) / seconds),
-        "replay_hit_ratio": round(hit_ratio, 4),
+        "replay_req_per_s": round(len(seqs) / sum(replayed[0])),
+        "replay_hit_ratio": round(sum(hits) / sum(x.size for x in seqs), 4),
+        "replay_plain_req_per_s": round(len(seqs) / plain),
         **{f"replay_{name}_req_per_s": round(len(seqs) / t) for name, t in tenants.items()},
-        **{f"replay_{name}_vs_off": round(seconds / t, 3) for name, t in tenants.items()},
+        **{f"replay_{name}_vs_off": round(plain / t, 3) for name, t in tenants.items()},
         "bytes_per_page": mem["bytes_per_page"],
         "tracemalloc_bytes_per_page": traced["bytes_per_page"],
         "tracemalloc_bytes_per_page_without_tokens": traced["bytes_per_page_without_tokens"],
     }
-
-
-def peer(make: Any, w: Any, seqs: list[np.ndarray], s: Sizes) -> dict[str, float]:
-    """The same figures for SGLang's UnifiedRadixCache (Rust tree core)."""
-    capacity = s.conversations * 320 + s.long_docs * 2048 + 1024
-    gc.collect()
-    t: SglangTree = make(capacity)
-    firsts = [t.key(x) for x in w.first]
-    seconds = [t.key(np.concatenate([a, b])) for a, b in zip(w.first, w.turns)]
-    longs = [t.key(x) for x in w.long]
-    rss0 = rss_bytes()
-    first_s = timed(lambda i: t.serve(firsts[i]), len(firsts))
-    second_s = timed(lambda i: t.serve(seconds[i]), len(seconds))
-    for k in longs:
-        t.serve(k)
-    pages = t.cached_pages()
-    rss = rss_bytes() - rss0
-    cases = {
-        "hit_32k": longs,
-        "hit_4k": firsts,
-        "miss_4k": [t.key(w.miss4k)],
-        "miss_32k": [t.key(w.miss32k)],
+    if make is None:
+        return mine, None
+    theirs = {
+        "tree_pages": peer_pages,
+        **{f"{k}_us": tree_api.us(v[1]) for k, v in looked.items()},
+        "insert_4k_us": tree_api.us(first_s[1]),
+        "insert_turn2_us": tree_api.us(second_s[1]),
+        "evict_10k_ms": round(statistics.median(peer_evicted) * 1e3, 3),
+        "replay_req_per_s": round(len(seqs) / sum(replayed[1])),
     }
-    out: dict[str, float] = {"tree_pages": float(pages)}
-    for name, keys in cases.items():
-        out[f"{name}_us"] = tree_api.us(timed(lambda i: t.probe(keys[i % len(keys)]), s.reps))
-    ev = []
-    for _ in range(s.evictions):
-        ev.append(timed(lambda _: t.evict_pages(10_000), 1)[0])
-    out["insert_4k_us"] = tree_api.us(first_s)
-    out["insert_turn2_us"] = tree_api.us(second_s)
-    out["evict_10k_ms"] = round(statistics.median(ev) * 1e3, 3)
-    del t
-    gc.collect()
-    r = make(s.replay_capacity)
-    keys = [r.key(x) for x in seqs]
-    total = timed(lambda i: r.serve(keys[i]), len(keys))
-    out["replay_req_per_s"] = round(len(keys) / sum(total))
-    # Rust memory is invisible to tracemalloc, and an RSS delta in this
-    # process reuses memory freed by earlier figures: reported for what it
-    # is, never compared (no ratio target on memory).
-    out["rss_delta_bytes_per_page"] = round(rss / pages, 1)
-    return out
+    return mine, theirs
 
 
 def ratio(t: Target, mine: float, theirs: float) -> float:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from radixcache.cli.bench import sglang_tree, tree, tree_targets
+from radixcache.cli.bench import sglang_tree, tree, tree_api, tree_replay, tree_targets
 
 
 def test_command_reports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,6 +43,37 @@ def test_table_takes_medians_and_per_run_ratios() -> None:
     assert miss["absolute"] == "fail"  # 10 us > 3 us
     alone = tree_targets.table(ours, None, "none")
     assert alone["rows"][0]["ratio"] == "not measured (no peer)"
+
+
+def test_the_two_sides_take_turns_in_chunks_the_first_swapped_each_time() -> None:
+    calls: list[tuple[str, int]] = []
+    mine, theirs = tree_targets.interleaved(lambda i: calls.append(("mine", i)),
+                                            lambda i: calls.append(("theirs", i)), 60)
+    assert len(mine) == len(theirs) == 60 and min(mine + theirs) >= 0
+    c = tree_targets.CHUNK
+    want = ([("mine", i) for i in range(c)] + [("theirs", i) for i in range(c)]
+            + [("theirs", i) for i in range(c, 2 * c)] + [("mine", i) for i in range(c, 2 * c)]
+            + [("mine", i) for i in range(2 * c, 60)] + [("theirs", i) for i in range(2 * c, 60)])
+    assert calls == want
+    calls.clear()
+    alone, none = tree_targets.interleaved(lambda i: calls.append(("mine", i)), None, 30)
+    assert len(alone) == 30 and none == [] and calls == [("mine", i) for i in range(30)]
+
+
+def test_both_sides_run_the_same_workload_against_the_real_peer() -> None:
+    make, note = sglang_tree.load()
+    assert make is not None, note  # (installed by .ci/install-extras)
+    w = tree_api.Workload(conversations=12, long_docs=1)
+    seqs = tree_replay.replay_requests(6, 3)
+    sizes = tree_targets.Sizes(conversations=12, long_docs=1, reps=60, evictions=2,
+                               replay_conversations=6, replay_turns=3, replay_capacity=3000)
+    mine, theirs = tree_targets.measure(make, w, seqs, sizes)
+    assert theirs is not None
+    for t in tree_targets.TARGETS:
+        if t.min_ratio is not None:
+            assert mine[t.figure] > 0 and theirs[t.figure] > 0, t.figure
+    assert mine["tree_pages"] == theirs["tree_pages"]  # the same pages cached on both sides
+    assert 0.5 < mine["replay_hit_ratio"] < 1.0
 
 
 def test_peer_is_skipped_with_the_reason_when_sglang_cannot_be_imported(

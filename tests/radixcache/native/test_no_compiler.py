@@ -1,6 +1,6 @@
-"""A fresh editable install on a machine without a working C compiler still
-works: the compiled core is skipped with a warning, and radixcache runs on
-its pure-Python modules.
+"""A fresh editable install on a machine without a working C compiler (or
+where Cython fails) still works: the compiled core is skipped with a
+warning, and radixcache runs on its pure-Python modules.
 
 ``CC=false`` stands in for a missing compiler (every compile fails). The
 install goes into a throwaway virtual environment that sees this one's
@@ -15,6 +15,8 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -33,13 +35,20 @@ def _copy_checkout(dest: Path) -> None:
             shutil.copy2(src, out)
 
 
-def test_an_editable_install_without_a_compiler_falls_back_to_pure_python(tmp_path: Path) -> None:
+@pytest.mark.parametrize("broken", ["compiler", "cython"])
+def test_an_editable_install_without_a_compiler_falls_back_to_pure_python(tmp_path: Path, broken: str) -> None:
+    """``compiler``: every compile fails (``CC=false``); ``cython``: Cython
+    itself fails on the core's sources (an included file is missing)."""
     src = tmp_path / "src"
     _copy_checkout(src)
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    env = {**os.environ, "CC": "false", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if broken == "compiler":
+        env["CC"] = "false"
+    else:
+        (src / "radixcache" / "native" / "table.pxi").unlink()
     env.pop("RADIXCACHE_REQUIRE_COMPILED", None)
     env.pop("RADIXCACHE_PURE", None)  # (CI's pure leg sets it: the reason would be that)
     env.pop("PYTHONPATH", None)
