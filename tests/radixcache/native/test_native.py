@@ -188,11 +188,14 @@ def test_append_pages_equals_the_python_reference(data: st.DataObject) -> None:
 )
 def test_node_ids_equal_the_python_reference(pages: list[list[int]], ask: list[bool]) -> None:
     core = _core()
+    if native.COMPILED:  # (on the pure path the tree's nodes are Python ones: both sides are the reference)
+        assert EventIds.node_ids is core.node_ids
     # Two identical trees, each caching its own ids: one asked through the
-    # compiled walk, one through the reference, in lockstep; ids asked for
-    # between inserts get extended and split by the later ones.
+    # walk this process runs (the compiled one, unless RADIXCACHE_PURE is
+    # set), one through the reference, in lockstep; ids asked for between
+    # inserts get extended and split by the later ones.
     trees = [RadixTree(4, make_eviction_policy("lru")) for _ in range(2)]
-    asks = [(EventIds(4), core.node_ids), (EventIds(4), node_ids_reference)]
+    asks = [(EventIds(4), EventIds.node_ids), (EventIds(4), node_ids_reference)]
     start = 0
     for i, p in enumerate(pages):
         tokens = np.repeat(np.asarray(p, np.int32), 4)
