@@ -90,6 +90,25 @@ class _Blocks:
         """``len(block_hashes)``, without building the list."""
         return len(self._hashes)
 
+    # Values, as the dataclasses they replace: equal when of one type with
+    # equal fields (``block_hashes`` read as lists), printed field by field,
+    # unhashable (mutable).
+    __match_args__: tuple[str, ...] = ()
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__match_args__)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(self.__match_args__, self._values()))
+        return f"{type(self).__name__}({fields})"
+
 
 class BlockStored(_Blocks):
     """``len(block_hashes)`` consecutive blocks became resident on ``medium``.
@@ -136,21 +155,6 @@ class BlockStored(_Blocks):
         self.cache_salt = cache_salt
         self.extra_keys = extra_keys
 
-    def _values(self) -> tuple[Any, ...]:
-        return (self.block_hashes, self.parent_block_hash, self.token_ids, self.block_size, self.lora_id,
-                self.medium, self.lora_name, self.cache_salt, self.extra_keys)
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not BlockStored:
-            return NotImplemented
-        return self._values() == other._values()
-
-    __hash__ = None  # type: ignore[assignment]  # (mutable, like the record it replaced)
-
-    def __repr__(self) -> str:
-        return "BlockStored(" + ", ".join(
-            f"{name}={value!r}" for name, value in zip(self.__match_args__, self._values())) + ")"
-
 
 class BlockRemoved(_Blocks):
     """The blocks stopped being resident on ``medium`` (other media keep
@@ -164,16 +168,6 @@ class BlockRemoved(_Blocks):
     def __init__(self, block_hashes: BlockHashes, medium: Medium | None) -> None:
         self._hashes = block_hashes
         self.medium = medium
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not BlockRemoved:
-            return NotImplemented
-        return self.block_hashes == other.block_hashes and self.medium == other.medium
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"BlockRemoved(block_hashes={self.block_hashes!r}, medium={self.medium!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -268,8 +268,7 @@ class RadixCache(BulkCalls):
         # Pages [shared_pages, existing) were computed by this request but are
         # already cached: adopt the tree's pages, free ours.
         dup_to = max(result.existing_pages, req.shared_pages)
-        tree_pages = result.device_pages if dup_to > req.shared_pages else EMPTY_PAGES
-        dup = req.inserted(self.tree, result.last_node, full, tree_pages, dup_to)
+        dup = req.inserted(self.tree, result, dup_to)
         if dup.size:
             self.pool.free(dup)
             self.counters.duplicate_pages += int(dup.size)

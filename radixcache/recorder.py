@@ -120,13 +120,12 @@ class EventRecorder:
             return
         ids = self.ids.node_ids(node)
         p = self.page_size
+        parent = int(ids[start - 1]) if start > 0 else self.ids.parent_id(node)
         if start == 0 and count == ids.size:  # the whole node (a new leaf): no slices
-            self._append(ids, self.ids.parent_id(node), node.key, node.namespace, medium)
-            run = ids
+            run, tokens = ids, node.key
         else:
-            parent = int(ids[start - 1]) if start > 0 else self.ids.parent_id(node)
-            run = ids[start : start + count]
-            self._append(run, parent, node.key[start * p : (start + count) * p], node.namespace, medium)
+            run, tokens = ids[start : start + count], node.key[start * p : (start + count) * p]
+        self._append(run, parent, tokens, node.namespace, medium)
         if medium in STORAGE_MEDIA:
             # (cached on the node by the store job; for a page read back from
             # storage they are computed here once: the read costs far more)

@@ -9,7 +9,7 @@ import numpy as np
 from radixcache.errors import RequestStateError
 from radixcache.namespace import Namespace
 from radixcache.native import compiled as native_core  # None on the pure-Python path
-from radixcache.tree.node import EMPTY_PAGES, Node, PageIds, TokenArray
+from radixcache.tree.node import EMPTY_PAGES, InsertResult, Node, PageIds, TokenArray
 
 
 _PAGE_ID = np.dtype(np.int32)
@@ -284,22 +284,22 @@ class Request:
         """Drop the request's lock (before its pages are inserted)."""
         self._move_lock(locks, None)
 
-    def inserted(
-        self, locks: Locks, node: Node | None, full: int, tree_pages: PageIds, dup_to: int
-    ) -> PageIds:
-        """The first ``full`` pages are now the tree's, up to ``node``.
-        Pages ``[shared_pages, dup_to)`` were cached already: the table
-        takes the tree's ``tree_pages`` for them; returns this request's
-        copies (for the caller to free)."""
+    def inserted(self, locks: Locks, result: InsertResult, dup_to: int) -> PageIds:
+        """The tree took the insert ``result``: its first ``inserted_pages``
+        pages are now the tree's, up to its ``last_node``. Pages
+        ``[shared_pages, dup_to)`` were cached already: the table takes the
+        tree's pages for them; returns this request's copies (for the caller
+        to free)."""
         dup_from = self.shared_pages
+        full = result.inserted_pages
         if dup_to > dup_from:
             table = self.page_table
             dup = table[dup_from:dup_to].copy()
-            table[dup_from:dup_to] = tree_pages[dup_from:dup_to]
+            table[dup_from:dup_to] = result.device_pages[dup_from:dup_to]  # (built here only)
         else:
             dup = EMPTY_PAGES
         if full:
-            self._move_lock(locks, node)
+            self._move_lock(locks, result.last_node)
         self.shared_pages = full
         return dup
 

@@ -9,8 +9,7 @@ module to:
 
     Node            radixcache/tree/node.py         Node
     MatchResult     radixcache/tree/node.py         MatchResult
-    match           radixcache/tree/radix_tree.py   RadixTree.match
-    match_walk      radixcache/tree/radix_tree.py   RadixTree._walk
+    match           radixcache/tree/radix_tree.py   RadixTree.match (and _walk)
     insert_walk     radixcache/tree/radix_tree.py   RadixTree._insert_walk
     lock, unlock    radixcache/tree/radix_tree.py   RadixTree.lock / unlock
     evict_loop      radixcache/tree/eviction.py     DeviceEviction.evict
@@ -292,13 +291,9 @@ def match(tree, namespace, object tokens, object priority=0, Py_ssize_t end=-1):
     return _walk(tree, <Node?>root, tokens, n, p, priority, tick)
 
 
-def match_walk(tree, Node root, object tokens, Py_ssize_t n, object priority, object tick):
-    """``RadixTree._walk``: the loop of ``match`` and its result (see there)."""
-    return _walk(tree, root, tokens, n, tree.page_size, priority, tick)
-
-
 cdef MatchResult _walk(tree, Node root, object tokens, Py_ssize_t n, Py_ssize_t p, object priority,
                        object tick):
+    """``RadixTree._walk``: the loop of ``match`` and its result (see there)."""
     cdef Py_buffer tb
     cdef Py_ssize_t pos = 0, device_len = 0, matched
     cdef const int32_t* t

@@ -2,17 +2,20 @@
 # eviction. References: radixcache/tree/eviction.py, ``DeviceEviction.evict`` /
 # ``drop_device`` / ``update`` / ``push``.
 
+cdef int _update(ev, set candidates, Node node) except -1:
+    """``DeviceEviction.update`` on ``ev`` (whose ``candidates`` is given):
+    ``node`` joins the candidates if it qualifies (its heap entry through
+    ``ev.push``, which a subclass may override)."""
+    if (node.lock_ref == 0 and node.device is not None and node.device_children == 0
+            and node.parent is not None and node not in candidates):
+        candidates.add(node)
+        ev.push(node)
+    return 0
+
+
 def eviction_update(ev, Node node not None):
-    """``DeviceEviction.update``: ``node`` joins the candidates if it
-    qualifies (its heap entry through ``ev.push``, which a subclass may
-    override)."""
-    cdef set candidates
-    if node.lock_ref == 0 and node.device is not None and node.device_children == 0 \
-            and node.parent is not None:
-        candidates = ev.candidates
-        if node not in candidates:
-            candidates.add(node)
-            ev.push(node)
+    """``DeviceEviction.update`` (see ``_update``)."""
+    _update(ev, ev.candidates, node)
 
 
 def eviction_push(ev, Node node not None):
@@ -73,6 +76,7 @@ def drop_device(ev, Node node):
     cdef Node parent = node.parent
     cdef Node child
     cdef Py_ssize_t n
+    cdef set candidates = ev.candidates
     tree = ev.tree
     pages = node.device
     assert pages is not None and parent is not None, "drop_device on a node without pages"
@@ -85,7 +89,6 @@ def drop_device(ev, Node node):
     ledger = tree.ledger
     if ledger is not None:
         ledger.sub_device(node.namespace, n, True)
-    candidates = ev.candidates
     candidates.discard(node)
     parent.device_children -= 1
     if not tree.lower.resident(node):  # (so it holds nothing below the device)
@@ -97,9 +100,5 @@ def drop_device(ev, Node node):
                 for gone in removal.subtree(child):
                     removal.discount(gone, [])
         removal.unlink(node)
-    # ``ev.update(parent)``:
-    if (parent.lock_ref == 0 and parent.device is not None and parent.device_children == 0
-            and parent.parent is not None and parent not in candidates):
-        candidates.add(parent)
-        ev.push(parent)
+    _update(ev, candidates, parent)
     return pages

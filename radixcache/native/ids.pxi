@@ -53,7 +53,7 @@ cdef int64_t _last_id(object ids) except? -1:
 def node_ids(self, Node node not None):
     """``EventIds.node_ids``: the ids of ``node``'s pages, computed (and
     cached on it and on the ancestors that lack theirs) where missing."""
-    cdef Py_ssize_t p = self.page_size, done, pages, total
+    cdef Py_ssize_t p = self.page_size, done, total
     cdef Py_buffer kb, lb, ob, db
     cdef uint64_t prev
     cdef list chain = []

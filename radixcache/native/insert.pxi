@@ -4,16 +4,16 @@
 GPU = "GPU"  # the device medium as the tree records it (radix_tree.GPU)
 
 
-cdef object _copy_range(object arr, Py_ssize_t start, Py_ssize_t stop, object dtype, Py_ssize_t item):
-    """``arr[start:stop].copy()`` of a C-contiguous array of ``dtype``
-    (``item`` bytes an entry): one allocation and one memcpy."""
+cdef object _copy_range(object arr, Py_ssize_t start, Py_ssize_t stop):
+    """``arr[start:stop].copy()`` of a C-contiguous int32 array: one
+    allocation and one memcpy."""
     cdef Py_buffer ab, ob
-    out = _empty(stop - start, dtype)
+    out = _empty(stop - start, _I32)
     if stop > start:
         _read(arr, &ab)
         try:
             PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
-            memcpy(ob.buf, <char*>ab.buf + start * item, (stop - start) * item)
+            memcpy(ob.buf, <int32_t*>ab.buf + start, (stop - start) * 4)
             PyBuffer_Release(&ob)
         finally:
             PyBuffer_Release(&ab)
@@ -61,7 +61,7 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
             if child in candidates:
                 eviction.push(child)  # its key changed: keep the heap fresh
             if child.device is None:
-                tree.attach_pages(child, _copy_range(pages, pos // p, (pos + matched) // p, _I32, 4))
+                tree.attach_pages(child, _copy_range(pages, pos // p, (pos + matched) // p))
                 recorder.stored(child, 0, matched // p, GPU)
                 new_nodes.append(child)
                 offsets.append(pos // p)
@@ -81,14 +81,14 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
         recorder.stored(node, old_pages, (total - pos) // p, GPU)
         new_nodes.append(node)
         offsets.append(pos // p)
-        parts.append(_copy_range(pages, pos // p, total // p, _I32, 4))
+        parts.append(_copy_range(pages, pos // p, total // p))
     elif pos < total:
-        leaf = Node(_copy_range(tokens, pos, total, _I32, 4), node, namespace, tick)
+        leaf = Node(_copy_range(tokens, pos, total), node, namespace, tick)
         leaf.last_access = tick
         leaf.priority = priority
         node.children[key] = leaf
         tree.node_count += 1
-        tree.attach_pages(leaf, _copy_range(pages, pos // p, total // p, _I32, 4))
+        tree.attach_pages(leaf, _copy_range(pages, pos // p, total // p))
         recorder.stored(leaf, 0, (total - pos) // p, GPU)
         new_nodes.append(leaf)
         offsets.append(pos // p)

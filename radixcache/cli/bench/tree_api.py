@@ -79,12 +79,12 @@ def probe(cache: RadixCache, tokens: np.ndarray) -> None:
     cache.take_events()
 
 
-def timed(fn: Callable[[int], object], n: int) -> list[float]:
-    """Seconds of each of ``fn(0) .. fn(n-1)``, timed one call at a time
+def timed(fn: Callable[[int], object], n: int, start: int = 0) -> list[float]:
+    """Seconds of each of ``fn(start) .. fn(n-1)``, timed one call at a time
     (every benchmark of the tree, ours and the peer's, times with this)."""
     out = []
     clock = time.perf_counter
-    for i in range(n):
+    for i in range(start, n):
         t0 = clock()
         fn(i)
         out.append(clock() - t0)
@@ -108,10 +108,6 @@ def build(capacity: int, first: list[np.ndarray], turns: list[np.ndarray], long:
     for doc in long:
         serve(cache, doc)
     return ApiBuild(cache, first_s, second_s)
-
-
-def lookups(cache: RadixCache, cases: dict[str, list[np.ndarray]], reps: int) -> dict[str, list[float]]:
-    return {name: timed(lambda i: probe(cache, inputs[i % len(inputs)]), reps) for name, inputs in cases.items()}
 
 
 def evictions(cache: RadixCache, pages: int, times: int) -> list[tuple[float, int]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,15 +73,10 @@ def interleaved(
     None: ``mine`` alone."""
     out: tuple[list[float], list[float]] = ([], [])
     sides = [(mine, out[0]), (theirs, out[1])]
-    clock = time.perf_counter
     for start in range(0, n, CHUNK):
         for fn, samples in sides:
-            if fn is None:
-                continue
-            for i in range(start, min(n, start + CHUNK)):
-                t0 = clock()
-                fn(i)
-                samples.append(clock() - t0)
+            if fn is not None:
+                samples += timed(fn, min(n, start + CHUNK), start)
         sides.reverse()
     return out
 
