@@ -20,15 +20,16 @@ it has encoded them. ``BlockStored`` and ``BlockRemoved`` are built per engine
 step and per decoded event, so they are slotted but not frozen (a frozen
 dataclass costs about three times as much to build); treat them as immutable
 all the same, before and after publishing. Their block ids may be handed in
-as an int64 array: the Python ints of the list that ``block_hashes`` reads as
-are then built by whoever reads it first (the publisher's thread), not by the
-owner thread that recorded them.
+as an int64 array, or as ``DeferredIds`` that compute the array: the
+Python ints of the list that ``block_hashes`` reads as (and, deferred, the
+ids themselves) are then built by whoever reads it first (the publisher's
+thread), not by the owner thread that recorded them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Union
+from typing import Any, Callable, Final, Literal, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -61,16 +62,33 @@ HASH_LIMIT: Final = 1 << 63  # block hashes are ints in [0, HASH_LIMIT)
 TokenIds = Union[list[int], npt.NDArray[np.integer[Any]]]  # a store's token ids, either form
 
 
-# A record's block ids as given to it: a list of ints, or an int64 numpy
-# array (what the cache's recorder hands over: the ids the tree caches, with
-# no Python int built on the owner thread).
-BlockHashes = Union[list[int], npt.NDArray[np.int64]]
+class DeferredIds:
+    """``count`` block ids computed when first read: ``build()`` returns them
+    as an int64 array. What the cache's recorder hands over for removed
+    pages: their ids are recomputed from the pages' tokens (the tree keeps
+    no id per page), by whoever reads them first."""
+
+    __slots__ = ("count", "build")
+
+    def __init__(self, count: int, build: Callable[[], npt.NDArray[np.int64]]) -> None:
+        self.count = count
+        self.build = build
+
+    def __len__(self) -> int:
+        return self.count
+
+
+# A record's block ids as given to it: a list of ints, an int64 numpy array
+# (what the cache's recorder hands over for stores, with no Python int built
+# on the owner thread), or ``DeferredIds`` (its removals).
+BlockHashes = Union[list[int], npt.NDArray[np.int64], DeferredIds]
 
 
 class _Blocks:
-    """The block ids of a record. Given as an array, they become the list of
-    ints that ``block_hashes`` returns the first time anyone reads them (the
-    publisher's thread, when it publishes), once; equal lists either way."""
+    """The block ids of a record. Given as an array (or ``DeferredIds``),
+    they become the list of ints that ``block_hashes`` returns the first
+    time anyone reads them (the publisher's thread, when it publishes),
+    once; equal lists either way."""
 
     __slots__ = ("_hashes",)
     _hashes: BlockHashes
@@ -79,8 +97,10 @@ class _Blocks:
     def block_hashes(self) -> list[int]:
         """The block ids, a list of ints in ``[0, 2**63)``."""
         h = self._hashes
+        if type(h) is DeferredIds:
+            h = h.build()
         if not isinstance(h, np.ndarray):
-            return h  # (as given: the checks name anything that is no list of ints)
+            return h  # type: ignore[return-value]  # (as given: the checks name anything that is no list of ints)
         ids: list[int] = h.tolist()
         self._hashes = ids  # (two threads reading at once build equal lists)
         return ids
@@ -159,7 +179,8 @@ class BlockStored(_Blocks):
 class BlockRemoved(_Blocks):
     """The blocks stopped being resident on ``medium`` (other media keep
     theirs). ``block_hashes``: blocks leaving the medium, each in
-    ``[0, 2**63)``, a list or an int64 array (see ``_Blocks``); ``medium``:
+    ``[0, 2**63)``, a list, an int64 array or ``DeferredIds`` (see
+    ``_Blocks``); ``medium``:
     the medium they left, None meaning GPU."""
 
     __slots__ = ("medium",)

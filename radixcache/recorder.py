@@ -2,8 +2,8 @@
 
 The tree and the tiers report every residency change of every page here, at
 the moment it happens (a node may be split or removed before the owner drains
-the events, so each record is built at once from the node's cached event
-ids). Serialization and transport live in ``events/``; this module only
+the events, so each record is taken at once from the node: a store's ids, or
+a removal's tokens and the id its pages chain from). Serialization and transport live in ``events/``; this module only
 builds its records. Ordering follows invariant 5 of ARCHITECTURE.md because
 the callers report in the order things happen: a page's store on a new medium
 is recorded before its removal from the old one.
@@ -20,26 +20,32 @@ id: no router was told of it by this engine. ``unknown_removals`` counts them.
 No blake2b runs for a page that is not on storage: a stored page's keys are
 those its store job cached on the node.
 
-Recording is cheap on purpose: a report keeps the page ids as the int64
-array the node caches (a view, no Python int per page) and a read-only
-view of the tokens; ``take`` builds the records from them, handing both
-over as arrays, and the publisher's thread builds their Python ints when it
-encodes them (``events.types``: a record's ``block_hashes`` is made a list
-when first read). Consecutive removals on one medium become one record.
+Recording is cheap on purpose: a store keeps the page ids as one int64
+array (computed in one pass over the tokens, no Python int per page) and a
+read-only view of the tokens; ``take`` builds the records from them, handing
+both over as arrays, and the publisher's thread builds their Python ints when
+it encodes them (``events.types``: a record's ``block_hashes`` is made a list
+when first read). A removed node's ids are not computed on the owner thread
+at all: the removal keeps the node's tokens and the id they chain from, and
+its record's ids are ``DeferredIds``, computed by whoever reads them first.
+Consecutive removals on one medium become one record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from radixcache.keys.event_ids import EventIds
-from radixcache.events.types import DISK, EXTERNAL, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
-from radixcache.keys.hashing import KEY_BYTES, BlockIds
+from radixcache.events.types import (
+    DISK, EXTERNAL, AllBlocksCleared, BlockHashes, BlockRemoved, BlockStored, DeferredIds, KvEvent, Medium,
+)
+from radixcache.keys.hashing import KEY_BYTES, BlockIds, block_ids
 from radixcache.namespace import Namespace
 from radixcache.tree.node import Node
 from radixcache.tree.recording import NullRecorder, Recorder
@@ -58,7 +64,7 @@ def _ns_fields(ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
 class _Store:
     """A recorded store, built into a ``BlockStored`` by ``take``."""
 
-    ids: BlockIds  # the pages' event ids (a view of the node's cache; never written)
+    ids: BlockIds  # the pages' event ids (nothing else holds them; never written)
     parent: int | None  # id of the page before the first
     tokens: npt.NDArray[np.int32]  # read-only view of all their tokens
     namespace: Namespace
@@ -69,8 +75,19 @@ class _Store:
 class _Removal:
     """Consecutive recorded removals on one medium, one ``BlockRemoved``."""
 
-    parts: list[BlockIds]  # ids of the pages removed, in order
+    parts: list[BlockIds | _Pending]  # the pages removed, in order
     medium: str
+
+
+# A removed node's pages whose ids are not computed yet: its tokens (read-only,
+# never changed) and the id their chain starts from.
+_Pending = tuple[npt.NDArray[np.int32], int]
+
+
+def _removed_ids(parts: list[BlockIds | _Pending], page_size: int) -> BlockIds:
+    """The ids of a removal's parts, in order (``DeferredIds.build``)."""
+    arrays = [x if isinstance(x, np.ndarray) else block_ids(x[0], page_size, x[1], 0) for x in parts]
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 class EventSink(Recorder, Protocol):
@@ -101,8 +118,8 @@ class EventRecorder:
     Consecutive removals on the same medium are merged into one record.
     Stores carry the node's namespace: ``lora_id``/``lora_name``, and for a
     namespace with a salt or extra keys ``cache_salt`` and one ``extra_keys``
-    entry per block (see ``Namespace.event_extra``). Mutates the ``ids``
-    cache of the nodes it reports (and, for a page stored on a storage medium
+    entry per block (see ``Namespace.event_extra``). Mutates the kept event
+    ids of the nodes it reports (and, for a page stored on a storage medium
     whose key was not cached yet, the ``keys`` cache).
     """
 
@@ -118,13 +135,10 @@ class EventRecorder:
     def stored(self, node: Node, start: int, count: int, medium: str) -> None:
         if count <= 0 or node.forgotten:
             return
-        ids = self.ids.node_ids(node)
+        parent, run = self.ids.run_ids(node, start, count)
         p = self.page_size
-        parent = int(ids[start - 1]) if start > 0 else self.ids.parent_id(node)
-        if start == 0 and count == ids.size:  # the whole node (a new leaf): no slices
-            run, tokens = ids, node.key
-        else:
-            run, tokens = ids[start : start + count], node.key[start * p : (start + count) * p]
+        key = node.key
+        tokens = key if start == 0 and count * p == key.size else key[start * p : (start + count) * p]
         self._append(run, parent, tokens, node.namespace, medium)
         if medium in STORAGE_MEDIA:
             # (cached on the node by the store job; for a page read back from
@@ -182,7 +196,7 @@ class EventRecorder:
     def removed(self, node: Node, medium: str) -> None:
         if node.forgotten:
             return
-        self._remove(self.ids.node_ids(node), medium)
+        self._remove((node.key, self.ids.chain_start(node)), medium)
 
     def removed_keys(self, keys: Sequence[bytes], medium: str) -> None:
         if not keys:
@@ -197,7 +211,7 @@ class EventRecorder:
         if known.size:
             self._remove(known, medium)
 
-    def _remove(self, ids: BlockIds, medium: str) -> None:
+    def _remove(self, ids: BlockIds | _Pending, medium: str) -> None:
         records = self._records
         last = records[-1] if records else None
         if type(last) is _Removal and last.medium == medium:
@@ -220,8 +234,15 @@ class EventRecorder:
                 out.append(self._stored_event(r))
             elif type(r) is _Removal:
                 parts = r.parts
-                ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                out.append(BlockRemoved(block_hashes=ids, medium=cast(Medium, r.medium)))
+                arrays = [x for x in parts if isinstance(x, np.ndarray)]
+                hashes: BlockHashes
+                if len(arrays) == len(parts):  # (removals known by storage key)
+                    hashes = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                else:
+                    p = self.page_size
+                    count = sum(x.size if isinstance(x, np.ndarray) else x[0].size // p for x in parts)
+                    hashes = DeferredIds(count, partial(_removed_ids, parts, p))
+                out.append(BlockRemoved(block_hashes=hashes, medium=cast(Medium, r.medium)))
             elif isinstance(r, AllBlocksCleared):
                 out.append(r)
         return out

@@ -1,8 +1,9 @@
 """What the ids and keys of pages need of a tree node: its run of tokens,
-its parent, its namespace, and the two caches they fill on it.
+its parent, its namespace, and what the two keep on it.
 
 A page's event id and storage key both chain through its whole prefix, so
-they are computed walking up to the root and cached on every node passed.
+they are computed walking up to the root: storage keys are cached on every
+node passed, event ids keep one id a node (``radixcache.keys.event_ids``).
 The tree's ``Node`` is one; this package names the shape instead of
 importing the tree, which imports it.
 """
@@ -14,7 +15,6 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.keys.hashing import BlockIds
 from radixcache.namespace import Namespace
 
 
@@ -23,7 +23,8 @@ class ChainNode(Protocol):
 
     key: npt.NDArray[np.int32]  # the run's tokens, length a multiple of the page size
     namespace: Namespace  # the partition the run belongs to
-    ids: BlockIds | None  # cached event ids of the run's pages (a prefix of them)
+    id_pages: int  # leading pages of the run whose last event id is kept (0: none)
+    last_id: int  # the event id of page ``id_pages - 1``
     keys: bytes | None  # cached 16-byte storage keys of the run's pages, concatenated
 
     @property

@@ -20,7 +20,10 @@ module to:
     first_page      radixcache/tree/radix_tree.py   first_page
     concat_pages    radixcache/tree/node.py         concat_pages
     block_ids       radixcache/keys/hashing.py      block_ids
+    run_ids         radixcache/keys/event_ids.py    EventIds.run_ids
     node_ids        radixcache/keys/event_ids.py    EventIds.node_ids
+    last_id         radixcache/keys/event_ids.py    EventIds.last_id
+    chain_start     radixcache/keys/event_ids.py    EventIds.chain_start
     owned_tokens    radixcache/tokens.py            owned_tokens
     namespace_hash  radixcache/namespace.py         Namespace.__hash__
     pool_take       radixcache/transfer/allocator.py PageAllocator.allocate
@@ -34,7 +37,7 @@ numpy header is needed to build this module.
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, strcmp
 
 import heapq
@@ -76,7 +79,8 @@ cdef class Node:
     cdef public object priority
     cdef public object uid
     cdef public object keys
-    cdef public object ids
+    cdef public Py_ssize_t id_pages
+    cdef public int64_t last_id
     cdef public object heap_seq
     cdef public Py_ssize_t holds
     cdef public Py_ssize_t loading
@@ -97,7 +101,8 @@ cdef class Node:
         self.priority = 0
         self.uid = uid
         self.keys = None
-        self.ids = None
+        self.id_pages = 0
+        self.last_id = 0
         self.heap_seq = -1
         self.holds = 0
         self.loading = 0

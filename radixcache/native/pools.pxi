@@ -1,16 +1,17 @@
 # Included in _core.pyx (one extension module): the page pools' loops.
 # References: radixcache/transfer/allocator.py, ``PageAllocator.allocate`` / ``free``.
 
-def pool_take(object free, object state, Py_ssize_t top, Py_ssize_t n):
-    """``PageAllocator.allocate``'s loop: the ids ``free[top-n:top]``, last
-    first, as a new int32 array, each marked allocated (1) in ``state``.
-    The caller checked ``0 <= n <= top``."""
+def pool_take(object free, object state, Py_ssize_t top, Py_ssize_t fresh, Py_ssize_t n):
+    """``PageAllocator.allocate``'s loop: the ids ``free[top-k:top]``, last
+    first, then ``fresh, fresh+1, ...`` (``k = min(n, top)``) as a new int32
+    array of ``n``, each marked allocated (1) in the int8 ``state``. The
+    caller checked ``0 <= n <= top + capacity - fresh``."""
     cdef Py_buffer fb, sb, ob
     cdef const int32_t* f
-    cdef int32_t* st
+    cdef int8_t* st
     cdef int32_t* o
     cdef int32_t page
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, k = n if n < top else top
     out = _empty(n, _I32)
     if n == 0:
         return out
@@ -20,10 +21,14 @@ def pool_take(object free, object state, Py_ssize_t top, Py_ssize_t n):
         try:
             PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
             f = <const int32_t*>fb.buf
-            st = <int32_t*>sb.buf
+            st = <int8_t*>sb.buf
             o = <int32_t*>ob.buf
-            for i in range(n):
+            for i in range(k):
                 page = f[top - 1 - i]
+                o[i] = page
+                st[page] = 1
+            for i in range(k, n):
+                page = <int32_t>(fresh + i - k)
                 o[i] = page
                 st[page] = 1
             PyBuffer_Release(&ob)
@@ -36,14 +41,14 @@ def pool_take(object free, object state, Py_ssize_t top, Py_ssize_t n):
 
 def pool_give(object ids, object free, object state, Py_ssize_t top, Py_ssize_t capacity):
     """``PageAllocator.free``'s loop for a 1-D C-contiguous int32 ``ids``:
-    each id in range, allocated and listed once gets its stamp ``-(j+1)`` in
-    ``state`` and goes onto ``free`` at ``top`` (last first); returns how
+    each id in range, allocated and listed once is marked freed (-1) in the
+    int8 ``state`` and goes onto ``free`` at ``top`` (last first); returns how
     many. Returns -1, with nothing changed, for any other ``ids`` or any bad
     id: the caller's reference path then frees them or names the error."""
     cdef Py_buffer ib, fb, sb
     cdef const int32_t* a
     cdef int32_t* f
-    cdef int32_t* st
+    cdef int8_t* st
     cdef int32_t page
     cdef Py_ssize_t n, j, k
     try:
@@ -59,16 +64,16 @@ def pool_give(object ids, object free, object state, Py_ssize_t top, Py_ssize_t 
         a = <const int32_t*>ib.buf
         PyObject_GetBuffer(state, &sb, PyBUF_SIMPLE | PyBUF_WRITABLE)
         try:
-            st = <int32_t*>sb.buf
+            st = <int8_t*>sb.buf
             for j in range(n):
                 page = a[j]
                 if <uint32_t>page >= <uint64_t>capacity or st[page] <= 0:
-                    # out of range, not allocated, or already stamped by this
-                    # call (listed twice): undo the stamps and let the caller say which
+                    # out of range, not allocated, or already marked by this
+                    # call (listed twice): undo the marks and let the caller say which
                     for k in range(j):
                         st[a[k]] = 1
                     return -1
-                st[page] = <int32_t>(-(j + 1))
+                st[page] = -1
         finally:
             PyBuffer_Release(&sb)
         PyObject_GetBuffer(free, &fb, PyBUF_SIMPLE | PyBUF_WRITABLE)

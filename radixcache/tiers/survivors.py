@@ -81,8 +81,8 @@ DateFetched = Callable[[Node, list[bytes]], None]  # pages read back for a node,
 
 def put_meta(ids: EventIds, nodes: Sequence[Node], extras: PutExtras | None = None) -> PutMeta:
     """The ``PutMeta`` of a store job writing every page of ``nodes`` (one
-    run, path order): event ids (cached on the nodes, as their events use
-    them), the parent's id, the first page's depth and the namespace's info
+    run, path order): event ids (computed from the nodes, as their events
+    carry them), the parent's id, the first page's depth and the namespace's info
     bytes; with ``extras``, the run's retention deadline and its namespace's tags."""
     first = nodes[0]
     parts = [ids.node_ids(n) for n in nodes]

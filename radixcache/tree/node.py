@@ -83,7 +83,8 @@ class Node:
         "priority",
         "uid",
         "keys",
-        "ids",
+        "id_pages",
+        "last_id",
         "heap_seq",
         "holds",
         "loading",
@@ -111,7 +112,8 @@ class Node:
         self.priority = 0  # highest priority of the requests that used it
         self.uid = uid  # creation tick: unique, also the FIFO order
         self.keys: bytes | None = None  # cached 16-byte page keys (a prefix of them, lazily)
-        self.ids: npt.NDArray[np.int64] | None = None  # cached event block ids (a prefix, lazily)
+        self.id_pages = 0  # leading pages whose last event block id is kept (0: none; keys/event_ids.py)
+        self.last_id = 0  # the event block id of page id_pages - 1
         self.heap_seq = -1  # sequence number of this node's newest eviction-heap entry
         self.holds = 0  # tier jobs in flight on its pages (a split copies it to both pieces)
         self.loading = 0  # of those, loads writing its device pages (no adoption meanwhile)

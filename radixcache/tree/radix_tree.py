@@ -186,9 +186,9 @@ class RadixTree:
             upper.keys = node.keys[: pages * KEY_BYTES]
             rest = node.keys[pages * KEY_BYTES :]
             node.keys = rest if rest else None
-        if node.ids is not None:  # likewise for event block ids
-            upper.ids = node.ids[:pages]
-            node.ids = node.ids[pages:] if node.ids.size > pages else None
+        kept = node.id_pages  # the kept event id goes with the page it is of
+        upper.id_pages, upper.last_id = (kept, node.last_id) if kept <= pages else (0, 0)
+        node.id_pages = kept - pages if kept > pages else 0
         node.key = node.key[cut:]
         if node.device is not None:
             node.device = node.device[pages:]
@@ -198,6 +198,8 @@ class RadixTree:
         upper.children = {first_page(node.key, 0, p): node}
         node.parent = upper
         self.node_count += 1
+        if kept > pages:  # (ids were asked for: the upper's last one is what its children chain from)
+            self.ids.last_id(upper)
         return upper
 
     # ------------------------------------------------------------------ insert

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from radixcache import CacheConfig, KVSpec, RadixCache
 from radixcache.events import BatchEncoder, BlockRemoved, BlockStored, check_events, decode_batch
+from radixcache.events.types import DeferredIds
 from tests.events.events_testkit import BS
 
 ids = st.lists(st.integers(0, (1 << 63) - 1), min_size=1, max_size=20)
@@ -40,6 +41,25 @@ def test_array_ids_read_compare_and_encode_as_the_list(hashes: list[int], medium
     assert decoded[1] == BlockRemoved(list(hashes), medium or "GPU")  # type: ignore[arg-type]
 
 
+@settings(max_examples=50, deadline=None)
+@given(ids, st.sampled_from([None, "GPU", "CPU_PINNED", "DISK"]))
+def test_deferred_ids_are_built_once_when_read(hashes: list[int], medium: str | None) -> None:
+    built: list[int] = []
+
+    def build() -> np.ndarray:
+        built.append(1)
+        return np.asarray(hashes, dtype=np.int64)
+
+    later = BlockRemoved(DeferredIds(len(hashes), build), medium)  # type: ignore[arg-type]
+    assert later.num_blocks == len(hashes) and not built  # counted without computing
+    plain = BlockRemoved(list(hashes), medium)  # type: ignore[arg-type]
+    enc = BatchEncoder()
+    assert enc.encode([later], 1.0) == enc.encode([plain], 1.0)
+    assert later == plain and repr(later) == repr(plain) and later.block_hashes == hashes
+    assert built == [1]
+    check_events([later])
+
+
 def test_records_compare_by_value_and_stay_unhashable() -> None:
     a = BlockRemoved([1, 2], "GPU")
     assert a == BlockRemoved(np.array([1, 2], np.int64), "GPU")  # type: ignore[arg-type]
@@ -62,7 +82,9 @@ def test_records_compare_by_value_and_stay_unhashable() -> None:
             raise AssertionError("no match on the record's fields")
 
 
-def test_take_events_hands_the_ids_over_as_arrays() -> None:
+def test_take_events_hands_the_ids_over_unbuilt() -> None:
+    """A store's ids come as an array, a removal's as ``DeferredIds`` (not
+    even computed yet); both read as the same list of ints, built once."""
     spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, page_size=4)
     cache = RadixCache(CacheConfig(spec=spec, device_pages=16, allocate_kv=False, record_events=True))
     req = cache.admit(np.arange(13, dtype=np.int32))
@@ -72,8 +94,8 @@ def test_take_events_hands_the_ids_over_as_arrays() -> None:
     cache.evict(16)
     stored, removed = cache.take_events()
     assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
-    # nothing has read the ids yet: still the arrays the tree caches, no ints built
-    assert type(stored._hashes) is np.ndarray and type(removed._hashes) is np.ndarray
+    # nothing has read the ids yet: no ints built, the removal's ids not computed
+    assert type(stored._hashes) is np.ndarray and type(removed._hashes) is DeferredIds
     assert stored.num_blocks == removed.num_blocks == 3
     assert stored.block_hashes == removed.block_hashes and len(set(stored.block_hashes)) == 3
-    assert type(stored._hashes) is list  # built once, when first read
+    assert type(stored._hashes) is list and type(removed._hashes) is list  # built once, when first read

@@ -88,6 +88,24 @@ def test_same_id_twice_in_one_free_is_an_error_and_frees_nothing(make: Make) -> 
     a.check_integrity()
 
 
+@pytest.mark.parametrize("gap", [1, 125, 126, 127, 126**2])
+def test_a_repeat_is_found_however_far_apart(make: Make, gap: int) -> None:
+    """The reference stamps a base-126 digit of each entry's position a
+    round at a time: repeats whose positions share the low digits (126 or
+    126**2 apart) are found by a later round."""
+    a = make(20_000)
+    got = a.allocate(20_000)
+    assert got is not None
+    pick = got[: gap + 10].copy()
+    pick[gap + 3] = pick[3]
+    with pytest.raises(ValueError, match="appears twice"):
+        a.free(pick)
+    assert a.free_count == 0 and a.is_allocated(got)
+    a.free(np.delete(pick, gap + 3))
+    assert a.free_count == gap + 9
+    a.check_integrity()
+
+
 @pytest.mark.parametrize("bad", [[-1], [8], [3, 2**31 - 1], [0, -2**31]])
 def test_foreign_id_out_of_range_is_an_error(make: Make, bad: list[int]) -> None:
     a = make(8)
@@ -203,19 +221,22 @@ def test_the_compiled_free_takes_only_plain_int32_arrays_and_hands_the_rest_back
     (which converts or refuses it); a bad id leaves the state as it was."""
     if COMPILED is None:
         pytest.skip("the compiled core is not built here")
-    free = np.arange(7, -1, -1, dtype=np.int32)
-    state = np.zeros(8, dtype=np.int32)
-    got = COMPILED.pool_take(free, state, 8, 5)
+    free = np.empty(8, dtype=np.int32)
+    state = np.zeros(8, dtype=np.int8)
+    got = COMPILED.pool_take(free, state, 0, 0, 5)
     assert got.tolist() == [0, 1, 2, 3, 4] and state.tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
     before = state.copy()
     for other in ([1], np.array([1], dtype=np.int64), np.array([[1]], dtype=np.int32),
                   np.array([1, 0, 2], dtype=np.int32)[::2], np.array(1, dtype=np.int32)):
-        assert COMPILED.pool_give(other, free, state, 3, 8) == -1
+        assert COMPILED.pool_give(other, free, state, 0, 8) == -1
     for bad in ([1, 5], [2, 8], [3, 1, 3], [-1]):  # not allocated, out of range, twice, negative
-        assert COMPILED.pool_give(np.array(bad, dtype=np.int32), free, state, 3, 8) == -1
+        assert COMPILED.pool_give(np.array(bad, dtype=np.int32), free, state, 0, 8) == -1
         assert state.tolist() == before.tolist()
-    assert COMPILED.pool_give(np.array([4, 0], dtype=np.int32), free, state, 3, 8) == 2
-    assert state.tolist() == [-2, 1, 1, 1, -1, 0, 0, 0] and free[3:5].tolist() == [0, 4]
+    assert COMPILED.pool_give(np.array([4, 0], dtype=np.int32), free, state, 0, 8) == 2
+    assert state.tolist() == [-1, 1, 1, 1, -1, 0, 0, 0] and free[:2].tolist() == [0, 4]
+    # the stack first (last freed first), then ids never handed out
+    assert COMPILED.pool_take(free, state, 2, 5, 3).tolist() == [4, 0, 5]
+    assert state.tolist() == [1, 1, 1, 1, 1, 1, 0, 0]
 
 
 class LockstepModel(RuleBasedStateMachine):
@@ -253,7 +274,8 @@ class LockstepModel(RuleBasedStateMachine):
     def same(self) -> None:
         assert self.ref.free_count == self.fast.free_count
         assert self.ref._state.tolist() == self.fast._state.tolist()
-        top = self.ref.free_count
+        assert (self.ref._top, self.ref._fresh) == (self.fast._top, self.fast._fresh)
+        top = self.ref._top
         assert self.ref._free[:top].tolist() == self.fast._free[:top].tolist()
         self.fast.check_integrity()
 

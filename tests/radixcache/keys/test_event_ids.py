@@ -61,6 +61,39 @@ def test_node_ids_match_the_whole_sequence_through_splits_and_extends(
     tree.check_integrity()
 
 
+@settings(max_examples=60, deadline=None)
+@given(seqs=sequences, picks=st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99)), min_size=1, max_size=12))
+def test_any_run_of_a_node_gets_the_ids_of_the_whole_sequence(
+    seqs: list[np.ndarray], picks: list[tuple[int, int]]
+) -> None:
+    """``run_ids`` of any pages of any node, asked in any order (each ask
+    keeps an id that later asks chain from): the slice of the whole
+    sequence's ids, and the id before it (None at the sequence's start)."""
+    tree = RadixTree(P, make_eviction_policy("lru"))
+    ids = EventIds(P)
+    for i, tokens in enumerate(seqs):
+        tree.insert(NS, tokens, np.arange(i * 100, i * 100 + tokens.size // P, dtype=np.int32))
+    for a, b in picks:
+        tokens = seqs[a % len(seqs)]
+        node = tree.match(NS, tokens).last_device_node
+        assert node is not None
+        for _ in range(b % 3):  # some ask an ancestor
+            node = node.parent if node.parent.parent is not None else node
+        offset = 0  # pages before the node
+        up = node.parent
+        while up is not None:
+            offset += up.key.size // P
+            up = up.parent
+        whole = reference(tokens)
+        size = node.key.size // P
+        first = b % size
+        count = 1 + a % (size - first)
+        before, run = ids.run_ids(node, first, count)
+        assert run.tolist() == whole[offset + first : offset + first + count]
+        assert before == (whole[offset + first - 1] if offset + first else None)
+        assert 0 < node.id_pages <= size and node.last_id == whole[offset + node.id_pages - 1]
+
+
 def test_namespaces_get_their_own_ids() -> None:
     tree = RadixTree(P, make_eviction_policy("lru"))
     ids = EventIds(P)
@@ -71,3 +104,26 @@ def test_namespaces_get_their_own_ids() -> None:
     assert ids.node_ids(a).tolist() == reference(tokens)
     assert ids.node_ids(b).tolist() == reference(tokens, salted)
     assert not set(ids.node_ids(a).tolist()) & set(ids.node_ids(b).tolist())
+
+
+def test_a_split_keeps_an_id_for_each_piece_once_ids_were_asked_for() -> None:
+    """The kept id goes down with its page; the upper piece gets its own
+    last id at once (what its children chain from), so removing the lower
+    piece later hashes nothing above it."""
+    tree = RadixTree(P, make_eviction_policy("lru"))
+    ids = EventIds(P)
+    tokens = np.arange(6 * P, dtype=np.int32)
+    leaf = tree.insert(NS, tokens, np.arange(6, dtype=np.int32)).last_node
+    whole = reference(tokens)
+    assert ids.node_ids(leaf).tolist() == whole and leaf.id_pages == 6
+    other = np.concatenate([tokens[: 2 * P], np.full(P, 99, np.int32)])
+    tree.insert(NS, other, np.arange(6, 9, dtype=np.int32))
+    upper = leaf.parent
+    assert upper is not None and upper.key.size == 2 * P
+    assert (upper.id_pages, upper.last_id) == (2, whole[1])
+    assert (leaf.id_pages, leaf.last_id) == (4, whole[5])
+    assert tree.ids.chain_start(leaf) == whole[1]
+    untouched = RadixTree(P, make_eviction_policy("lru"))  # nobody asked: splits hash nothing
+    first = untouched.insert(NS, tokens, np.arange(6, dtype=np.int32)).last_node
+    untouched.insert(NS, other, np.arange(6, 9, dtype=np.int32))
+    assert first.parent is not None and first.parent.id_pages == 0 and first.id_pages == 0

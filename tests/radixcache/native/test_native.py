@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +21,9 @@ from hypothesis import strategies as st
 from radixcache import native
 from radixcache.keys.hashing import _TABLES, block_id_of_sequence, vector_block_ids
 from radixcache import RadixTree, make_eviction_policy
-from radixcache.keys.event_ids import EventIds, node_ids_reference
+from radixcache.keys.event_ids import (
+    EventIds, chain_start_reference, last_id_reference, node_ids_reference, run_ids_reference,
+)
 from radixcache.namespace import DEFAULT_NAMESPACE
 from radixcache.request import Request, append_pages_reference
 from radixcache.tree import node as node_module
@@ -184,30 +187,46 @@ def test_append_pages_equals_the_python_reference(data: st.DataObject) -> None:
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=5), min_size=1, max_size=8),
-    st.lists(st.booleans(), min_size=8, max_size=8),
+    st.lists(st.sampled_from(["none", "node", "last", "run", "start"]), min_size=8, max_size=8),
+    st.randoms(use_true_random=False),
 )
-def test_node_ids_equal_the_python_reference(pages: list[list[int]], ask: list[bool]) -> None:
+def test_event_ids_equal_the_python_reference(pages: list[list[int]], ask: list[str], rnd: Any) -> None:
     core = _core()
     if native.COMPILED:  # (on the pure path the tree's nodes are Python ones: both sides are the reference)
-        assert EventIds.node_ids is core.node_ids
-    # Two identical trees, each caching its own ids: one asked through the
-    # walk this process runs (the compiled one, unless RADIXCACHE_PURE is
-    # set), one through the reference, in lockstep; ids asked for between
-    # inserts get extended and split by the later ones.
+        assert EventIds.node_ids is core.node_ids and EventIds.run_ids is core.run_ids
+        assert EventIds.last_id is core.last_id and EventIds.chain_start is core.chain_start
+    # Two identical trees, each keeping its own ids: one asked through the
+    # walks this process runs (the compiled ones, unless RADIXCACHE_PURE is
+    # set), one through the references, in lockstep; ids kept between
+    # inserts get extended past and split by the later ones.
     trees = [RadixTree(4, make_eviction_policy("lru")) for _ in range(2)]
-    asks = [(EventIds(4), EventIds.node_ids), (EventIds(4), node_ids_reference)]
+    sides = [(EventIds(4), EventIds.run_ids, EventIds.node_ids, EventIds.last_id, EventIds.chain_start),
+             (EventIds(4), run_ids_reference, node_ids_reference, last_id_reference, chain_start_reference)]
     start = 0
     for i, p in enumerate(pages):
         tokens = np.repeat(np.asarray(p, np.int32), 4)
         ids = np.arange(start, start + len(p), dtype=np.int32)
         start += len(p)
         ends = [tree.insert(DEFAULT_NAMESPACE, tokens, ids).last_node for tree in trees]
-        if ask[i] or i == len(pages) - 1:
-            while ends[0].parent is not None:
-                got = [fn(eids, node).tolist() for (eids, fn), node in zip(asks, ends)]
-                assert got[0] == got[1]
-                assert ends[0].ids is not None and ends[0].ids.dtype == np.int64
-                ends = [node.parent for node in ends]
+        how = "node" if i == len(pages) - 1 else ask[i]
+        while how != "none" and ends[0].parent is not None:
+            size = ends[0].key.size // 4
+            first = rnd.randrange(size)
+            count = rnd.randrange(1, size - first + 1)
+            got = []
+            for (eids, run, whole, last, chain), node in zip(sides, ends):
+                if how == "start":
+                    got.append(chain(eids, node))
+                elif how == "run":
+                    before, out = run(eids, node, first, count)
+                    got.append((before, out.tolist()))
+                elif how == "last":
+                    got.append(last(eids, node))
+                else:
+                    got.append(whole(eids, node).tolist())
+            assert got[0] == got[1]
+            assert [(n.id_pages, n.last_id) for n in ends] == [(ends[1].id_pages, ends[1].last_id)] * 2
+            ends = [node.parent for node in ends]
 
 
 def _workload(pure: bool, seeds: int, steps: int) -> dict[str, object]:
