@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.offload.storage.kv_checksum import kv_checksum
+from radixcache.offload.storage.kv_checksum import copy_checksum, kv_checksum
 
 MAGIC = b"RXKV"
 VERSION = 3  # written
@@ -140,9 +140,10 @@ def encode_into(
         memoryview(out)[:kv_at], key=key, ns_tag=ns_tag, tokens=tokens, kv_size=kv.size,
         seq=seq, block_id=block_id, parent_block_id=parent_block_id, depth=depth, info=info,
     )  # fmt: skip
-    np.frombuffer(out, dtype=np.uint8)[kv_at:] = kv.reshape(-1)
-    # the source page is summed (aligned; a bad copy into ``out`` fails its reads)
-    _CRC.pack_into(out, _CRC_OFFSET, kv_checksum(kv, head_crc))
+    # the bytes copied are summed as they are copied (a bad copy into ``out``
+    # fails its reads)
+    summed = copy_checksum(np.ascontiguousarray(kv).reshape(-1), 0, np.frombuffer(out, dtype=np.uint8)[kv_at:], head_crc)
+    _CRC.pack_into(out, _CRC_OFFSET, summed)
 
 
 def pack_header(
@@ -256,8 +257,11 @@ def read_into(
     kv_at = len(value) - dst.size  # the head ends where the KV bytes begin
     if kv_at < HEADER.size or not _head_matches(value[:kv_at], h, key, ns_tag, tokens, dst.size):
         return False
-    np.copyto(dst.reshape(-1), np.frombuffer(value, dtype=np.uint8, offset=kv_at))
-    return _checksum_matches(h, memoryview(value)[:kv_at], dst)
+    if h[1] == VERSION_CRC32:  # (an older record: the copy, then its crc32)
+        np.copyto(dst.reshape(-1), np.frombuffer(value, dtype=np.uint8, offset=kv_at))
+        return _checksum_matches(h, memoryview(value)[:kv_at], dst)
+    covered = zlib.crc32(memoryview(value)[_COVERED:kv_at])
+    return copy_checksum(value, kv_at, dst, covered) == h[3]  # (copied and summed in one pass)
 
 
 def _head_matches(

@@ -62,6 +62,7 @@ from radixcache.integrations.tenants import (
     tenant_namespace,
 )
 from radixcache.namespace import DEFAULT_NAMESPACE, Namespace, check_tag
+from radixcache.native import hand_to_storage
 from radixcache.offload import (
     MAX_KEY_BYTES,
     LmdbStorage,
@@ -83,6 +84,7 @@ from radixcache.transfer.ticket import Ticket
 __all__ = ["PageStore", "PageStoreConfig", "PageTicket", "RawPages", "Slots", "describe_path",
            "is_pool_url", "raw_spec"]
 log = logging.getLogger(__name__)
+hand_to_storage()  # the stores this module opens copy and sum records in one pass (compiled core)
 
 BACKENDS = ("lmdb", "valkey")  # storage backends a PageStore can open
 MAX_ENGINE_KEY_BYTES = MAX_KEY_BYTES - TENANT_KEY_OVERHEAD  # longest engine key a store takes

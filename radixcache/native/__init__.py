@@ -19,6 +19,10 @@ in charge). At import:
 
 ``compiled`` is the extension module, or None on the pure path; ``COMPILED``
 says which path this process runs; ``REASON`` why it is not compiled.
+
+The storage layer (``radixcache.offload``) imports nothing above it; the
+engine modules that open stores hand it the core's copy-and-checksum pass
+(``hand_to_storage``).
 """
 
 from __future__ import annotations
@@ -52,4 +56,15 @@ def _load() -> tuple[ModuleType | None, str]:
 compiled, REASON = _load()
 COMPILED = compiled is not None
 
-__all__ = ["COMPILED", "PURE_ENV", "REASON", "REQUIRE_ENV", "compiled"]
+
+def hand_to_storage() -> None:
+    """Storage records' KV bytes are copied and summed in one C pass from now
+    on (``radixcache.offload.storage.kv_checksum.use_copy_sums``); on the
+    pure path, numpy's copy and sums. Imports the storage layer: called by
+    the engine modules that open stores, never at this module's import."""
+    from radixcache.offload.storage.kv_checksum import use_copy_sums
+
+    use_copy_sums(None if compiled is None else compiled.copy_sums)
+
+
+__all__ = ["COMPILED", "PURE_ENV", "REASON", "REQUIRE_ENV", "compiled", "hand_to_storage"]

@@ -2,7 +2,7 @@
 """The compiled hot loops of the request path (see ``radixcache.native``).
 
 Each function here (and in the files it includes, ``pools.pxi``,
-``eviction.pxi``, ``table.pxi``, ``ids.pxi`` and ``insert.pxi``: one
+``eviction.pxi``, ``table.pxi``, ``ids.pxi``, ``insert.pxi`` and ``kv.pxi``: one
 extension module) has a pure-Python reference of the
 same contract where it is used; the reference is what the tests hold this
 module to:
@@ -29,6 +29,7 @@ module to:
     pool_take       radixcache/transfer/allocator.py PageAllocator.allocate
     pool_give       radixcache/transfer/allocator.py PageAllocator.free
     append_pages    radixcache/request.py           Request._append_pages
+    copy_sums       radixcache/offload/storage/kv_checksum.py copy_checksum
 
 Token and page-id arrays are int32 and C-contiguous (the tree only holds
 validated ones); the loops read them through the buffer protocol, so no
@@ -37,7 +38,7 @@ numpy header is needed to build this module.
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, strcmp
 
 import heapq
@@ -53,6 +54,7 @@ cdef object _NO_IDS = np.empty(0, np.int64)  # the ids of a node with no pages (
 _NO_IDS.setflags(write=False)
 cdef object _I32 = np.dtype(np.int32)
 cdef object _I64 = np.dtype(np.int64)
+cdef object _U64 = np.dtype(np.uint64)
 cdef object _ascontiguous = np.ascontiguousarray
 cdef uint64_t _B = 0x9E3779B97F4A7C15ULL
 cdef uint64_t _M = 0xBF58476D1CE4E5B9ULL
@@ -278,6 +280,7 @@ include "table.pxi"
 
 
 include "ids.pxi"
+include "kv.pxi"
 
 
 # ---------------------------------------------------------------- the tree

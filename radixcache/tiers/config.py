@@ -25,9 +25,11 @@ from radixcache.offload import (
     storage_config,
 )
 from radixcache.offload.valkey.config import ValkeyConfig
+from radixcache.native import hand_to_storage
 from radixcache.transfer import KVSpec
 
 log = logging.getLogger(__name__)
+hand_to_storage()  # the stores this module opens copy and sum records in one pass (compiled core)
 _Own = TypeVar("_Own")
 
 

@@ -1,0 +1,99 @@
+"""``copy_checksum``: a record's KV bytes copied and summed in one pass (the
+compiled core's ``copy_sums``, which the engine hands to the storage layer)
+give the copy and the checksum that numpy's copy and ``kv_checksum`` give,
+whatever the length and the alignment; and records written and read with
+either pass are the same bytes and verify alike."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixcache import native
+from radixcache.offload.storage import record
+from radixcache.offload.storage.kv_checksum import ROW_BYTES, copy_checksum, kv_checksum, use_copy_sums
+
+checksums = importlib.import_module("radixcache.offload.storage.kv_checksum")
+needs_core = pytest.mark.skipif(native.compiled is None, reason="the compiled core is not built or not selected")
+
+
+@pytest.fixture
+def restore() -> Iterator[None]:
+    """Leave the pass this process had (another test's engine may have handed one in)."""
+    before = checksums._copy_sums
+    yield
+    use_copy_sums(before)
+
+
+@needs_core
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(0, 9), tail=st.integers(0, ROW_BYTES - 1), offset=st.integers(0, 17),
+    start=st.integers(0, 2**32 - 1), kind=st.sampled_from(["bytes", "memoryview", "array"]), seed=st.integers(0, 99),
+)
+def test_the_compiled_pass_copies_and_sums_as_the_reference(
+    rows: int, tail: int, offset: int, start: int, kind: str, seed: int
+) -> None:
+    assert native.compiled is not None
+    n = rows * ROW_BYTES + tail
+    raw = np.random.default_rng(seed).integers(0, 256, offset + n, dtype=np.uint8)
+    src: object = {"bytes": raw.tobytes(), "memoryview": memoryview(raw.tobytes()), "array": raw}[kind]
+    before = checksums._copy_sums
+    try:
+        use_copy_sums(native.compiled.copy_sums)
+        fused_dst = np.full(n, 0xAA, np.uint8)
+        fused = copy_checksum(src, offset, fused_dst, start)
+        use_copy_sums(None)
+        plain_dst = np.zeros(n, np.uint8)
+        plain = copy_checksum(src, offset, plain_dst, start)
+    finally:
+        use_copy_sums(before)
+    assert fused == plain == kv_checksum(raw[offset:].copy(), start)
+    assert fused_dst.tobytes() == plain_dst.tobytes() == raw[offset:].tobytes()
+
+
+@needs_core
+def test_the_compiled_pass_refuses_what_does_not_fit() -> None:
+    assert native.compiled is not None
+    copy_sums = native.compiled.copy_sums
+    dst = np.zeros(4096, np.uint8)
+    for src, offset in ((bytes(4095), 0), (bytes(4097), 0), (bytes(4100), 5), (bytes(4096), -1)):
+        with pytest.raises(ValueError, match="bytes from offset"):
+            copy_sums(src, offset, dst)
+    assert not dst.any()  # nothing copied
+    read_only = np.zeros(4096, np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises((BufferError, ValueError)):
+        copy_sums(bytes(4096), 0, read_only)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        copy_checksum(bytes(2048), 0, np.zeros(4096, np.uint8)[::2])
+
+
+@needs_core
+@pytest.mark.parametrize("kv_bytes", [100, 4096, 5 * 4096 + 8, 65536])
+def test_records_written_and_read_with_either_pass_are_the_same(kv_bytes: int, restore: None) -> None:
+    assert native.compiled is not None
+    kv = np.random.default_rng(kv_bytes).integers(0, 256, kv_bytes, dtype=np.uint8)
+    tokens = np.arange(16, dtype=np.int32)
+    fields = dict(key=b"k" * 16, ns_tag=b"n" * 16, tokens=tokens, kv=kv, seq=3)
+    size = record.record_size(16, 0, 16, kv_bytes)
+    written = []
+    for fn in (native.compiled.copy_sums, None):
+        use_copy_sums(fn)
+        out = bytearray(size)
+        record.encode_into(out, **fields)  # type: ignore[arg-type]
+        written.append(bytes(out))
+    assert written[0] == written[1]
+    bad = bytearray(written[0])
+    bad[-1] ^= 1  # a flipped KV bit
+    for fn in (native.compiled.copy_sums, None):
+        use_copy_sums(fn)
+        dst = np.zeros(kv_bytes, np.uint8)
+        assert record.read_into(written[0], key=b"k" * 16, ns_tag=b"n" * 16, tokens=tokens, dst=dst)
+        assert dst.tobytes() == kv.tobytes()
+        assert not record.read_into(bytes(bad), key=b"k" * 16, ns_tag=b"n" * 16, tokens=tokens, dst=dst)
