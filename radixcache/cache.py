@@ -284,8 +284,20 @@ class RadixCache(BulkCalls):
         to another cache), TypeError for a non-request, CacheClosedError
         after ``close()``; nothing changed.
         """
-        self._check_live(req)
-        self._bulk.end(req)
+        # (``_check_live`` and ``_bulk.end`` spelled out: a frame each, on every request)
+        if self._refusal is not None:
+            raise self._closed_error()
+        if not isinstance(req, Request):
+            raise TypeError(f"expected a Request, got {type(req).__name__}")
+        if req.released:
+            raise RequestStateError(f"request {req.rid} was already released")
+        if self._live.get(req.rid) is not req:
+            raise RequestStateError(f"request {req.rid} does not belong to this cache")
+        if req.pending:
+            self.tiers.abandon(req)
+        private = req.end(self.tree)
+        if private.size:
+            self.pool.free(private)
         del self._live[req.rid]
         if self.tree.removal.detached:  # pages of forgotten namespaces it held may go now
             self._bulk.sweep()

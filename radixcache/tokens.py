@@ -48,20 +48,21 @@ def as_tokens(tokens: object, what: str = "tokens", *, copy: bool = False) -> To
     for wrong shapes, GPU tensors or ids outside ``[0, 2**31)``. Nothing is
     validated per token in Python except for lists and tuples.
     """
+    # The hot path, a 1-D C-contiguous int32 array: int32 ids cannot exceed
+    # MAX_TOKEN_ID, so one pass (the sign) is the whole check. The copy is
+    # taken first and checked: what is validated is what the cache keeps.
+    if copy and _owned is not None and type(tokens) is np.ndarray:
+        owned = _owned(tokens)  # the shape checks, the copy and the sign in one C call
+        if owned is None:
+            raise _out_of_range(what, int(tokens.min()), int(tokens.max()))
+        if owned is not NotImplemented:
+            return owned
     if (
         type(tokens) is np.ndarray
         and tokens.dtype == TOKEN_DTYPE
         and tokens.ndim == 1
         and tokens.flags.c_contiguous
     ):
-        # The hot path: int32 ids cannot exceed MAX_TOKEN_ID, so one pass
-        # (the sign) is the whole check. The copy is taken first and checked:
-        # what is validated is what the cache keeps.
-        if copy and _owned is not None:
-            owned = _owned(tokens)  # the copy and the sign in one C pass
-            if owned is None:
-                raise _out_of_range(what, int(tokens.min()), int(tokens.max()))
-            return owned
         arr = tokens.copy() if copy else tokens
         if arr.size:
             lo = int(arr.min())

@@ -252,14 +252,21 @@ cpdef object concat_pages(list parts):
 
 # ---------------------------------------------------------------- tokens
 def owned_tokens(object tokens):
-    """A copy of an int32 C-contiguous token array, or None if an id is negative."""
+    """A copy of a 1-D C-contiguous int32 token array, or None if an id is
+    negative; NotImplemented (nothing read) for any other buffer: the
+    caller's general path converts or refuses it."""
     cdef Py_buffer sb, db
     cdef Py_ssize_t i, n
     cdef int32_t acc = 0, v
     cdef const int32_t* s
     cdef int32_t* d
-    _read(tokens, &sb)
     try:
+        PyObject_GetBuffer(tokens, &sb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    except (TypeError, BufferError, ValueError):
+        return NotImplemented
+    try:
+        if sb.ndim != 1 or sb.itemsize != 4 or sb.format == NULL or strcmp(sb.format, b"i") != 0:
+            return NotImplemented
         n = sb.len // 4
         out = _empty(n, _I32)
         PyObject_GetBuffer(out, &db, PyBUF_SIMPLE | PyBUF_WRITABLE)

@@ -160,6 +160,20 @@ def test_owned_tokens_copies_and_refuses_negative_ids(values: list[int]) -> None
         assert not np.shares_memory(got, arr)
 
 
+def test_owned_tokens_leaves_every_other_buffer_to_the_general_path() -> None:
+    """Only a 1-D C-contiguous native int32 buffer is copied here; anything
+    else comes back as NotImplemented, unread (as_tokens converts or refuses it)."""
+    core = _core()
+    base = np.arange(8, dtype=np.int32)
+    others = [
+        base[::2], base.reshape(2, 4), np.array(3, np.int32), base.astype(">i4"), base.astype(np.int64),
+        base.astype(np.uint32), base.astype(np.int16), b"abcd", [1, 2], None,
+    ]
+    for other in others:
+        assert core.owned_tokens(other) is NotImplemented, other
+    assert core.owned_tokens(memoryview(base)).tolist() == base.tolist()  # (as_tokens passes ndarrays only)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_append_pages_equals_the_python_reference(data: st.DataObject) -> None:
