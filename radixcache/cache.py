@@ -151,8 +151,8 @@ class RadixCache(BulkCalls):
                 match, req.forgets = cut, -1  # and its own pages stay private
         if match.last_device_node is not None:  # (a miss leaves the new handle as it is)
             req.admit_cached(self.tree, match.last_device_node, match.device_pages, match.device_len)
-        self._gate.serving(namespace)  # load-backs are for its tenant
         if self._tiered:
+            self._gate.serving(namespace)  # load-backs are for its tenant
             try:
                 self.tiers.on_admit(req, match, arr)
             except BaseException:  # a defect below: undo the admission, leave no live ghost

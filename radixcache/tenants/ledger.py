@@ -114,7 +114,9 @@ class TenantLedger:
     def admitted(self, namespace: Namespace, prompt: int, device: int, cached: int) -> None:
         """A request of ``namespace`` was admitted: ``prompt`` tokens, of
         which ``device`` found on the device and ``cached`` in all."""
-        c = self.counters_of(namespace)
+        c = self._by_ns.get(namespace)  # (``counters_of`` without its frame: once per request)
+        if c is None:
+            c = self.counters_of(namespace)
         c.requests += 1
         c.prompt_tokens += prompt
         c.device_hit_tokens += device
