@@ -284,15 +284,10 @@ class RadixCache(BulkCalls):
         to another cache), TypeError for a non-request, CacheClosedError
         after ``close()``; nothing changed.
         """
-        # (``_check_live`` and ``_bulk.end`` spelled out: a frame each, on every request)
-        if self._refusal is not None:
-            raise self._closed_error()
-        if not isinstance(req, Request):
-            raise TypeError(f"expected a Request, got {type(req).__name__}")
-        if req.released:
-            raise RequestStateError(f"request {req.rid} was already released")
-        if self._live.get(req.rid) is not req:
-            raise RequestStateError(f"request {req.rid} does not belong to this cache")
+        # (``_check_live``'s tests and ``_bulk.end`` inline: a frame each, on every request)
+        if (self._refusal is not None or not isinstance(req, Request) or req.released
+                or self._live.get(req.rid) is not req):
+            self._check_live(req)
         if req.pending:
             self.tiers.abandon(req)
         private = req.end(self.tree)
