@@ -27,6 +27,7 @@ import numpy.typing as npt
 from radixcache.offload.storage import record
 from radixcache.offload.storage.contract import HostPages, PageBuffer, PutMeta, TokenPages
 from radixcache.offload.storage.crypt.codec import PLAIN, Body, Framing
+from radixcache.offload.storage.kv_checksum import LateChecksum
 from radixcache.transfer.ticket import FutureTicket
 
 
@@ -88,6 +89,15 @@ class PutJob:
         joined: in the clear the body is ``kv`` itself (not copied: the caller
         keeps the page untouched until it is sent); sealed, its ciphertext."""
         return self.framing.encode_parts(**self._fields(i, seq, kv))
+
+    def late_parts(
+        self, i: int, seq: int, kv: npt.NDArray[np.uint8]
+    ) -> tuple[bytes | LateChecksum, Body]:
+        """``encode_parts``, but in the clear the head's checksum is taken by
+        the sender (``LateChecksum.finish``, right before it sends ``kv``)."""
+        if self.framing.sealed:  # (a sealed record carries no KV checksum)
+            return self.encode_parts(i, seq, kv)
+        return record.late_head(**self._fields(i, seq, kv)), kv.reshape(-1).data
 
     def encode_head(self, i: int, seq: int, kv: npt.NDArray[np.uint8]) -> bytes:
         """The head of page ``i``'s record in the clear: the record is this

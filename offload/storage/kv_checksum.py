@@ -51,12 +51,17 @@ a host page, out of a host page into a record), and ``copy_checksum`` takes
 the checksum of what it copies. Below it is numpy's copy, then the sums over
 the copy: three passes over the bytes. The engine may hand in one C pass
 that copies and sums at once (``use_copy_sums``: its compiled core's
-``copy_sums``, at about the speed of the copy alone); this layer imports
-nothing above it, so it does not look for one itself.
+``copy_sums``, at about the speed of the copy alone), and one that sums
+where the bytes lie (``use_sums``: ``kv_sums``, one pass instead of numpy's
+two, without the GIL), which ``kv_checksum`` then takes: a pool writer sends
+the host page itself and sums it there, a pool reader sums the page it
+received into. This layer imports nothing above it, so it does not look for
+either itself.
 """
 
 from __future__ import annotations
 
+import struct
 import sys
 import zlib
 from collections.abc import Callable
@@ -72,6 +77,10 @@ _WORDS = np.dtype("<u8")  # explicit: records move between machines
 # dst holding a copy of src[offset:]: the engine's compiled pass, or None.
 CopySums = Callable[[object, int, npt.NDArray[np.uint8]], tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]]
 _copy_sums: CopySums | None = None
+# (src) -> (row sums, column sums) of src's bytes where they lie: the engine's
+# compiled pass, or None.
+Sums = Callable[[object], tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]]
+_sums: Sums | None = None
 
 
 def use_copy_sums(fn: CopySums | None) -> None:
@@ -82,12 +91,38 @@ def use_copy_sums(fn: CopySums | None) -> None:
     _copy_sums = fn if sys.byteorder == "little" else None
 
 
+def use_sums(fn: Sums | None) -> None:
+    """Sum with ``fn`` in ``kv_checksum`` from now on (None: numpy's two
+    reductions). Ignored on a big-endian machine, as ``use_copy_sums``."""
+    global _sums
+    _sums = fn if sys.byteorder == "little" else None
+
+
+def _fold(row_sums: npt.NDArray[np.uint64], col_sums: npt.NDArray[np.uint64],
+          flat: npt.NDArray[np.uint8], start: int) -> int:  # fmt: skip
+    """The checksum from a compiled pass's sums (native order, on a
+    little-endian machine the records' order) and the tail of ``flat``."""
+    crc = start
+    if row_sums.size:
+        crc = zlib.crc32(row_sums.data, crc)
+        crc = zlib.crc32(col_sums.data, crc)
+    tail = flat.size % ROW_BYTES
+    if tail:
+        crc = zlib.crc32(flat[flat.size - tail :].data, crc)
+    return crc
+
+
 def kv_checksum(kv: npt.NDArray[np.uint8], start: int = 0) -> int:
     """The checksum of the bytes of ``kv`` in C order (a host page: one
-    contiguous block), chained onto ``start`` (a crc32 value, e.g. of the
-    record's head) the way ``zlib.crc32(data, start)`` chains. Reads ``kv``;
-    mutates nothing."""
+    contiguous block; a strided view is summed from a copy), chained onto
+    ``start`` (a crc32 value, e.g. of the record's head) the way
+    ``zlib.crc32(data, start)`` chains. Reads ``kv``; mutates nothing."""
+    if not kv.flags.c_contiguous:  # (a strided view: summed from a copy)
+        kv = np.ascontiguousarray(kv)
     flat = kv.reshape(-1)
+    fused = _sums
+    if fused is not None:
+        return _fold(*fused(flat), flat, start)
     rows = flat.size // ROW_BYTES
     crc = start
     if rows:
@@ -115,12 +150,41 @@ def copy_checksum(src: object, offset: int, dst: npt.NDArray[np.uint8], start: i
     if fused is None:
         np.copyto(flat, np.frombuffer(src, dtype=np.uint8, offset=offset))  # type: ignore[call-overload]
         return kv_checksum(flat, start)
-    row_sums, col_sums = fused(src, offset, flat)
-    crc = start
-    if row_sums.size:
-        crc = zlib.crc32(row_sums.data, crc)
-        crc = zlib.crc32(col_sums.data, crc)
-    tail = flat.size % ROW_BYTES
-    if tail:
-        crc = zlib.crc32(flat[flat.size - tail :].data, crc)
-    return crc
+    return _fold(*fused(src, offset, flat), flat, start)
+
+
+class LateChecksum:
+    """A buffer (a record's head) whose KV checksum field is still to fill:
+    ``finish`` writes ``kv_checksum(kv, crc)`` at ``at`` (a little-endian
+    uint32), once, and returns the buffer.
+
+    For a writer that sends the head and, right after it, the KV bytes
+    themselves (a host page, not copied): summed just before the send, the
+    page is in the processor's cache when the send copies it, so it is read
+    from memory once. Summed when the head is built, a whole send chunk
+    before it goes out, it is read from memory twice."""
+
+    __slots__ = ("buf", "_at", "_crc", "_kv")
+
+    def __init__(self, buf: bytearray, at: int, crc: int, kv: npt.NDArray[np.uint8]) -> None:
+        self.buf = buf
+        self._at = at
+        self._crc = crc
+        self._kv: npt.NDArray[np.uint8] | None = kv
+
+    def __len__(self) -> int:
+        return len(self.buf)
+
+    def after(self, prefix: bytes) -> LateChecksum:
+        """The same, with ``prefix`` before the buffer (e.g. a chunk's head)."""
+        if self._kv is None:
+            raise RuntimeError("the checksum was already written: prefix the buffer before")
+        return LateChecksum(bytearray(prefix) + self.buf, self._at + len(prefix), self._crc, self._kv)
+
+    def finish(self) -> bytearray:
+        """The buffer, its checksum written (taken now, the first time)."""
+        kv = self._kv
+        if kv is not None:
+            struct.pack_into("<I", self.buf, self._at, kv_checksum(kv, self._crc))
+            self._kv = None
+        return self.buf

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.offload.storage.kv_checksum import copy_checksum, kv_checksum
+from radixcache.offload.storage.kv_checksum import LateChecksum, copy_checksum, kv_checksum
 
 MAGIC = b"RXKV"
 VERSION = 3  # written
@@ -375,6 +375,29 @@ def encode_head(
         block_id=block_id, parent_block_id=parent_block_id, depth=depth, info=info,
     )  # fmt: skip
     _CRC.pack_into(out, _CRC_OFFSET, kv_checksum(kv, head_crc))
+
+
+def late_head(
+    *,
+    key: bytes,
+    ns_tag: bytes,
+    tokens: npt.NDArray[np.int32] | None,
+    kv: npt.NDArray[np.uint8],
+    seq: int,
+    block_id: int | None = None,
+    parent_block_id: int | None = None,
+    depth: int = 0,
+    info: bytes = b"",
+) -> LateChecksum:
+    """``encode_head`` into a new buffer, the checksum left to whoever sends
+    the KV bytes, to take right before (``LateChecksum.finish``); until then
+    the head's checksum field is 0 and ``kv`` must stay as it is."""
+    out = bytearray(head_size(len(key), len(info), 0 if tokens is None else int(tokens.size)))
+    head_crc = _write_head(
+        memoryview(out), key=key, ns_tag=ns_tag, tokens=tokens, kv_size=kv.size, seq=seq,
+        block_id=block_id, parent_block_id=parent_block_id, depth=depth, info=info,
+    )  # fmt: skip
+    return LateChecksum(out, _CRC_OFFSET, head_crc, kv)
 
 
 def verify_parts(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -25,18 +26,23 @@ from redis.backoff import NoBackoff
 from redis.connection import Connection, PythonRespSerializer, SSLConnection
 from redis.retry import Retry
 
+from radixcache.offload.storage.kv_checksum import LateChecksum
 from radixcache.offload.valkey.config import Node, ValkeyConfig
 
 
 class Scattered:
     """One command argument sent from several buffers, none copied: e.g. a
-    record's head and the host page holding its KV bytes."""
+    record's head and the host page holding its KV bytes. A head whose
+    checksum is still to take (``LateChecksum``) is finished by the
+    connection right before it is sent, the page next."""
 
     __slots__ = ("parts", "nbytes")
 
-    def __init__(self, *parts: bytes | memoryview) -> None:
+    def __init__(self, *parts: bytes | memoryview | LateChecksum) -> None:
         self.parts = parts  # small bytes are merged with the command's other small parts
-        self.nbytes = sum(memoryview(part).nbytes for part in parts)
+        self.nbytes = sum(
+            len(part) if isinstance(part, LateChecksum) else memoryview(part).nbytes for part in parts
+        )
 
     def __repr__(self) -> str:  # shown in redis-py's error messages: no bytes
         return f"<{self.nbytes} B in {len(self.parts)} parts>"
@@ -65,11 +71,48 @@ class PagePacker(PythonRespSerializer):
         return out
 
 
+def _pack(packer: Any, cutoff: int, commands: Any) -> list[Any]:
+    """redis-py's ``pack_commands``, but a ``LateChecksum`` stays a buffer of
+    its own (like a large value), to be finished when it is sent: small
+    parts are joined up to ``cutoff`` bytes, large ones and views go alone."""
+    out: list[Any] = []
+    pieces: list[bytes] = []
+    size = 0
+    for command in commands:
+        for part in packer.pack(*command):
+            alone = isinstance(part, (memoryview, LateChecksum)) or len(part) > cutoff
+            if pieces and (alone or size > cutoff):
+                out.append(b"".join(pieces))
+                pieces, size = [], 0
+            if alone:
+                out.append(part)
+            else:
+                pieces.append(part)
+                size += len(part)
+    if pieces:
+        out.append(b"".join(pieces))
+    return out
+
+
+def _finishing(parts: Any) -> Iterator[Any]:
+    """The packed parts as sent: each ``LateChecksum`` finished just before
+    (its page, the next part, is then summed and sent while in cache)."""
+    for part in parts:
+        yield part.finish() if isinstance(part, LateChecksum) else part
+
+
 class PageConnection(Connection):
     """A connection packing with ``PagePacker``."""
 
     def _construct_command_packer(self, packer: Any) -> Any:
         return PagePacker(self._buffer_cutoff, self.encoder.encode)
+
+    def pack_commands(self, commands: Any) -> list[Any]:
+        return _pack(self._command_packer, self._buffer_cutoff, commands)
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        parts = [command] if isinstance(command, str) else _finishing(command)
+        super().send_packed_command(parts, check_health)
 
 
 class PageSSLConnection(SSLConnection):
@@ -77,6 +120,13 @@ class PageSSLConnection(SSLConnection):
 
     def _construct_command_packer(self, packer: Any) -> Any:
         return PagePacker(self._buffer_cutoff, self.encoder.encode)
+
+    def pack_commands(self, commands: Any) -> list[Any]:
+        return _pack(self._command_packer, self._buffer_cutoff, commands)
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        parts = [command] if isinstance(command, str) else _finishing(command)
+        super().send_packed_command(parts, check_health)
 
 
 def connection_kwargs(config: ValkeyConfig) -> dict[str, Any]:

@@ -8,7 +8,12 @@
 
 A put's pages are cut into values (offload/valkey/layout.py); each value is
 the chunk head (values of several pages) and, per page, its record head
-plus the host page itself: no KV byte is copied on the way out.
+plus the host page itself: no KV byte is copied on the way out. In the
+clear, a record head leaves the encoder with its KV checksum still to take:
+the connection takes it right before it sends the page
+(``LateChecksum``, offload/valkey/nodes.py), so the page is read from memory
+once, for the sum, and sent from the processor's cache (summing every page
+of a chunk first read each page from memory twice; README, "Shared pool").
 
 ``SET NX``: a value already there is kept (another engine wrote the same
 pages; its first 8 bytes, read back in the same round trip, say how many
@@ -55,6 +60,7 @@ from radixcache.offload.storage import (
     WriteJob,
 )
 from radixcache.offload.storage import chunk
+from radixcache.offload.storage.kv_checksum import LateChecksum
 from radixcache.offload.valkey.layout import Cuts, IndexSets
 from radixcache.offload.valkey.lifetime.quotas import QuotaBook, TenantLimits
 from radixcache.offload.valkey.lifetime.forget import PoolRemover
@@ -68,15 +74,16 @@ log = logging.getLogger(__name__)
 
 _AHEAD = 4  # send chunks encoded ahead of the sender at most
 # A send chunk holds at most this many KV bytes (and at least one value), so
-# that the sender starts on the first chunk while the encoder checksums the
-# next: 64 pages of 2 MiB in one chunk would be checksummed whole (~10 ms
-# here) before the first byte went out. Each chunk costs one round trip.
+# that the sender starts on the first chunk while the encoder builds the
+# next: 64 sealed pages of 2 MiB in one chunk would be encrypted whole (tens
+# of ms) before the first byte went out. Each chunk costs one round trip.
 _CHUNK_BYTES = 16 << 20
 
 class PoolWriter(JobWriter):
     """Runs put/delete/forget/tag jobs in order, in two stages::
 
-        queue --> writer thread: a put's values, chunk by chunk (checksums)
+        queue --> writer thread: a put's values, chunk by chunk (record
+                                 heads; sealed, the ciphertexts)
               --> sender thread: every network call, in job order; finishes
                                  the tickets
 
@@ -217,13 +224,14 @@ class PoolWriter(JobWriter):
         pages), then each record framed (or sealed) on its own, as its head
         and body: the host page itself in the clear (never copied; the caller
         leaves it untouched until the ticket is done), sealed its ciphertext."""
-        parts: list[bytes | memoryview] = [chunk.chunk_head(end - start)] if end - start > 1 else []
+        parts: list[bytes | memoryview | LateChecksum] = []
         for i in range(start, end):
             kv = host_bytes[job.host_pages[i]]
-            parts += job.encode_parts(i, self._seq, kv)  # (head, body)
+            parts += job.late_parts(i, self._seq, kv)  # (head, body): summed as it is sent
             self._seq += 1
-        if len(parts) > 2:  # the chunk head joins the first record head (one small buffer)
-            parts[0:2] = [bytes(parts[0]) + bytes(parts[1])]
+        if end - start > 1:  # the chunk head joins the first record head (one small buffer)
+            first, head = chunk.chunk_head(end - start), parts[0]
+            parts[0] = head.after(first) if isinstance(head, LateChecksum) else first + bytes(head)
         return Scattered(*parts)
 
     def _send_chunk(

@@ -59,12 +59,15 @@ COMPILED = compiled is not None
 
 def hand_to_storage() -> None:
     """Storage records' KV bytes are copied and summed in one C pass from now
-    on (``radixcache.offload.storage.kv_checksum.use_copy_sums``); on the
-    pure path, numpy's copy and sums. Imports the storage layer: called by
-    the engine modules that open stores, never at this module's import."""
-    from radixcache.offload.storage.kv_checksum import use_copy_sums
+    on, and summed where they lie in another
+    (``radixcache.offload.storage.kv_checksum.use_copy_sums`` and
+    ``use_sums``); on the pure path, numpy's copy and sums. Imports the
+    storage layer: called by the engine modules that open stores, never at
+    this module's import."""
+    from radixcache.offload.storage.kv_checksum import use_copy_sums, use_sums
 
     use_copy_sums(None if compiled is None else compiled.copy_sums)
+    use_sums(None if compiled is None else compiled.kv_sums)
 
 
 __all__ = ["COMPILED", "PURE_ENV", "REASON", "REQUIRE_ENV", "compiled", "hand_to_storage"]

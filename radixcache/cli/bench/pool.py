@@ -73,6 +73,7 @@ from radixcache.cli.bench import rate, timed
 from radixcache.cli.bench.pools.pages import Pages
 from radixcache.cli.bench.pools.valkey import LOOKUP_SPEC, bench_lookup, bench_spec
 from radixcache.cli.parser import CliParser
+from radixcache.native import hand_to_storage
 from radixcache.offload import LmdbStorage, StorageConfig
 from radixcache.offload.valkey import scratch_cluster, scratch_server
 from radixcache.transfer.layout import KVSpec
@@ -86,6 +87,7 @@ SPECS = {
     ),
 }
 BACKENDS = ("valkey", "valkey-cluster", "lmdb", "mooncake")
+hand_to_storage()  # the pools measured copy and sum records as the engine's do
 
 
 def _bench_lmdb(spec: KVSpec, total_mib: int, request_pages: int, repeat: int) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 compiled core's ``copy_sums``, which the engine hands to the storage layer)
 give the copy and the checksum that numpy's copy and ``kv_checksum`` give,
 whatever the length and the alignment; and records written and read with
-either pass are the same bytes and verify alike."""
+either pass are the same bytes and verify alike. The core's ``kv_sums``
+(summed where the bytes lie, no copy) gives ``kv_checksum`` numpy's checksum."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixcache.offload.storage import record
-from radixcache.offload.storage.kv_checksum import ROW_BYTES, copy_checksum, kv_checksum, use_copy_sums
+from radixcache.offload.storage.kv_checksum import (
+    ROW_BYTES,
+    copy_checksum,
+    kv_checksum,
+    use_copy_sums,
+    use_sums,
+)
 
 checksums = importlib.import_module("radixcache.offload.storage.kv_checksum")
 
@@ -36,9 +43,10 @@ needs_core = pytest.mark.skipif(CORE is None, reason="the compiled core is not b
 @pytest.fixture
 def restore() -> Iterator[None]:
     """Leave the pass this process had (another test's engine may have handed one in)."""
-    before = checksums._copy_sums
+    before, sums = checksums._copy_sums, checksums._sums
     yield
     use_copy_sums(before)
+    use_sums(sums)
 
 
 @needs_core
@@ -105,3 +113,37 @@ def test_records_written_and_read_with_either_pass_are_the_same(kv_bytes: int, r
         assert record.read_into(written[0], key=b"k" * 16, ns_tag=b"n" * 16, tokens=tokens, dst=dst)
         assert dst.tobytes() == kv.tobytes()
         assert not record.read_into(bytes(bad), key=b"k" * 16, ns_tag=b"n" * 16, tokens=tokens, dst=dst)
+
+
+@needs_core
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(0, 9), tail=st.integers(0, ROW_BYTES - 1), offset=st.integers(0, 17),
+    start=st.integers(0, 2**32 - 1), step=st.sampled_from([1, 2]), seed=st.integers(0, 99),
+)
+def test_the_compiled_sums_give_the_reference_checksum(
+    rows: int, tail: int, offset: int, start: int, step: int, seed: int
+) -> None:
+    """Any length, unaligned (an offset into a bytes object) and strided
+    (``step`` 2: summed from a contiguous copy)."""
+    n = rows * ROW_BYTES + tail
+    raw = np.random.default_rng(seed).integers(0, 256, offset + n * step, dtype=np.uint8).tobytes()
+    kv = np.frombuffer(raw, dtype=np.uint8, offset=offset)[::step]
+    assert kv.size == n
+    before = checksums._sums
+    try:
+        use_sums(CORE.kv_sums)
+        fused = kv_checksum(kv, start)
+        use_sums(None)
+        plain = kv_checksum(kv, start)
+    finally:
+        use_sums(before)
+    assert fused == plain == kv_checksum(np.array(kv), start)
+
+
+@needs_core
+def test_the_compiled_sums_take_a_contiguous_buffer_only() -> None:
+    with pytest.raises((BufferError, ValueError)):
+        CORE.kv_sums(np.zeros(8192, np.uint8)[::2])
+    rows, cols = CORE.kv_sums(bytes(4095))
+    assert rows.size == 0 and not cols.any()

@@ -267,7 +267,9 @@ def test_random_workloads_give_the_same_results_compiled_and_pure() -> None:
 
 def test_the_engine_hands_its_copy_and_checksum_pass_to_the_storage_layer() -> None:
     """Opening stores through the engine (``radixcache.tiers.config``) gives
-    the storage layer the compiled pass, or numpy's on the pure path."""
+    the storage layer the compiled passes (copy and sum; sum where the bytes
+    lie), or numpy's on the pure path."""
     importlib.import_module("radixcache.tiers.config")
     checksums = importlib.import_module("radixcache.offload.storage.kv_checksum")
     assert checksums._copy_sums is (None if native.compiled is None else native.compiled.copy_sums)
+    assert checksums._sums is (None if native.compiled is None else native.compiled.kv_sums)
