@@ -54,6 +54,7 @@ import hashlib
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -361,43 +362,40 @@ def encode_head(
     parent_block_id: int | None = None,
     depth: int = 0,
     info: bytes = b"",
-) -> None:
+    late: bool = False,
+) -> LateChecksum | None:
     """Write everything of ``kv``'s record but the KV bytes into ``out``
     (exactly ``head_size`` bytes): the record is ``out`` followed by ``kv``,
     byte for byte what ``encode_into`` writes. For writers that send the two
     parts without joining them (no copy of the KV bytes); ``kv`` is read for
-    the checksum only."""
+    the checksum only. With ``late`` (``out`` a bytearray) the checksum
+    field stays 0 and the returned ``LateChecksum`` writes it when finished;
+    ``kv`` must not change until then."""
     size = head_size(len(key), len(info), 0 if tokens is None else int(tokens.size))
     if len(out) != size:
         raise ValueError(f"record head buffer of {len(out)} B for a head of {size} B")
+    if late and not isinstance(out, bytearray):
+        raise TypeError("a late checksum is written into a bytearray head (the LateChecksum keeps it)")
     head_crc = _write_head(
         memoryview(out), key=key, ns_tag=ns_tag, tokens=tokens, kv_size=kv.size, seq=seq,
         block_id=block_id, parent_block_id=parent_block_id, depth=depth, info=info,
     )  # fmt: skip
+    if late:
+        assert isinstance(out, bytearray)  # (checked above)
+        return LateChecksum(out, _CRC_OFFSET, head_crc, kv)
     _CRC.pack_into(out, _CRC_OFFSET, kv_checksum(kv, head_crc))
+    return None
 
 
-def late_head(
-    *,
-    key: bytes,
-    ns_tag: bytes,
-    tokens: npt.NDArray[np.int32] | None,
-    kv: npt.NDArray[np.uint8],
-    seq: int,
-    block_id: int | None = None,
-    parent_block_id: int | None = None,
-    depth: int = 0,
-    info: bytes = b"",
-) -> LateChecksum:
-    """``encode_head`` into a new buffer, the checksum left to whoever sends
-    the KV bytes, to take right before (``LateChecksum.finish``); until then
-    the head's checksum field is 0 and ``kv`` must stay as it is."""
-    out = bytearray(head_size(len(key), len(info), 0 if tokens is None else int(tokens.size)))
-    head_crc = _write_head(
-        memoryview(out), key=key, ns_tag=ns_tag, tokens=tokens, kv_size=kv.size, seq=seq,
-        block_id=block_id, parent_block_id=parent_block_id, depth=depth, info=info,
-    )  # fmt: skip
-    return LateChecksum(out, _CRC_OFFSET, head_crc, kv)
+def late_head(**fields: Any) -> LateChecksum:
+    """``encode_head(..., late=True)`` (the same keywords) into a new buffer:
+    the head with its checksum left to whoever sends the KV bytes, to take
+    right before (``LateChecksum.finish``)."""
+    tokens, info = fields["tokens"], fields.get("info", b"")
+    out = bytearray(head_size(len(fields["key"]), len(info), 0 if tokens is None else int(tokens.size)))
+    late = encode_head(out, late=True, **fields)
+    assert late is not None
+    return late
 
 
 def verify_parts(

@@ -55,6 +55,14 @@ def test_a_late_head_finishes_as_the_head_encode_head_writes(kv_bytes: int) -> N
         late.after(b"too late")
 
 
+def test_a_late_head_needs_a_buffer_of_its_own() -> None:
+    fields = _fields(_kv(4096))
+    view = memoryview(bytearray(record.head_size(48, 0, TOKENS.size)))
+    with pytest.raises(TypeError, match="bytearray"):
+        record.encode_head(view, late=True, **fields)
+    assert not any(view)  # refused before a byte was written
+
+
 def test_a_late_head_sums_the_page_as_it_is_when_finished() -> None:
     """The contract the writer keeps: the page must not change until sent.
     Finishing after a change sums the changed page (so the test can fail)."""
