@@ -115,18 +115,9 @@ class PageConnection(Connection):
         super().send_packed_command(parts, check_health)
 
 
-class PageSSLConnection(SSLConnection):
-    """``PageConnection`` over TLS."""
-
-    def _construct_command_packer(self, packer: Any) -> Any:
-        return PagePacker(self._buffer_cutoff, self.encoder.encode)
-
-    def pack_commands(self, commands: Any) -> list[Any]:
-        return _pack(self._command_packer, self._buffer_cutoff, commands)
-
-    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        parts = [command] if isinstance(command, str) else _finishing(command)
-        super().send_packed_command(parts, check_health)
+class PageSSLConnection(PageConnection, SSLConnection):
+    """``PageConnection`` over TLS: its packing and sending, ``SSLConnection``'s
+    socket (which overrides none of those methods)."""
 
 
 def connection_kwargs(config: ValkeyConfig) -> dict[str, Any]:
