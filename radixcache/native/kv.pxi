@@ -12,12 +12,14 @@ cdef inline void _store8(uint8_t* p, uint64_t v) noexcept nogil:
     memcpy(p, &v, 8)
 
 
-cdef void _copy_rows(const uint8_t* s, uint8_t* d, Py_ssize_t rows, uint64_t* row_sums,
-                     uint64_t* col_sums) noexcept nogil:
-    """Copy ``rows`` rows of 4 KiB from ``s`` to ``d``, summing each row's
-    512 words into ``row_sums`` and each column's into ``col_sums`` (wrapping).
-    Four rows a step, so the column sums are loaded and stored once per four
-    words: the loop then runs at about the speed of a plain copy."""
+cdef inline void _rows(const uint8_t* s, uint8_t* d, Py_ssize_t rows, uint64_t* row_sums,
+                       uint64_t* col_sums, bint copy) noexcept nogil:
+    """Sum ``rows`` rows of 4 KiB at ``s``: each row's 512 words into
+    ``row_sums``, each column's into ``col_sums`` (wrapping); with ``copy``,
+    copy them to ``d`` in the same pass. Four rows a step, so the column sums
+    are loaded and stored once per four words: the loop then runs at about
+    the speed of a plain copy (or read). Its callers pass ``copy`` as a
+    constant, so the compiler makes one loop for each, without the test."""
     cdef Py_ssize_t r = 0, j
     cdef uint64_t a0, a1, a2, a3, v0, v1, v2, v3
     cdef const uint8_t* src
@@ -31,10 +33,11 @@ cdef void _copy_rows(const uint8_t* s, uint8_t* d, Py_ssize_t rows, uint64_t* ro
             v1 = _load8(src + 4096 + j)
             v2 = _load8(src + 8192 + j)
             v3 = _load8(src + 12288 + j)
-            _store8(dst + j, v0)
-            _store8(dst + 4096 + j, v1)
-            _store8(dst + 8192 + j, v2)
-            _store8(dst + 12288 + j, v3)
+            if copy:
+                _store8(dst + j, v0)
+                _store8(dst + 4096 + j, v1)
+                _store8(dst + 8192 + j, v2)
+                _store8(dst + 12288 + j, v3)
             a0 += v0
             a1 += v1
             a2 += v2
@@ -51,11 +54,25 @@ cdef void _copy_rows(const uint8_t* s, uint8_t* d, Py_ssize_t rows, uint64_t* ro
         dst = d + r * 4096
         for j in range(0, 4096, 8):
             v0 = _load8(src + j)
-            _store8(dst + j, v0)
+            if copy:
+                _store8(dst + j, v0)
             a0 += v0
             col_sums[j >> 3] += v0
         row_sums[r] = a0
         r += 1
+
+
+cdef void _copy_rows(const uint8_t* s, uint8_t* d, Py_ssize_t rows, uint64_t* row_sums,
+                     uint64_t* col_sums) noexcept nogil:
+    """``_rows`` copying: a record's KV bytes into a host page, summed."""
+    _rows(s, d, rows, row_sums, col_sums, True)
+
+
+cdef void _sum_rows(const uint8_t* s, Py_ssize_t rows, uint64_t* row_sums,
+                    uint64_t* col_sums) noexcept nogil:
+    """``_rows`` without the copy: the sums of a record's KV bytes where they
+    lie (a host page a writer sends as it is, a page a reader received)."""
+    _rows(s, <uint8_t*>s, rows, row_sums, col_sums, False)
 
 
 def copy_sums(object src, Py_ssize_t offset, object dst):
@@ -92,42 +109,6 @@ def copy_sums(object src, Py_ssize_t offset, object dst):
     finally:
         PyBuffer_Release(&sb)
     return row_sums, col_sums
-
-
-cdef void _sum_rows(const uint8_t* s, Py_ssize_t rows, uint64_t* row_sums,
-                    uint64_t* col_sums) noexcept nogil:
-    """``_copy_rows`` without the copy: the sums of a record's KV bytes where
-    they lie (a host page a writer sends as it is, a page a reader received)."""
-    cdef Py_ssize_t r = 0, j
-    cdef uint64_t a0, a1, a2, a3, v0, v1, v2, v3
-    cdef const uint8_t* src
-    while r + 4 <= rows:
-        a0 = a1 = a2 = a3 = 0
-        src = s + r * 4096
-        for j in range(0, 4096, 8):
-            v0 = _load8(src + j)
-            v1 = _load8(src + 4096 + j)
-            v2 = _load8(src + 8192 + j)
-            v3 = _load8(src + 12288 + j)
-            a0 += v0
-            a1 += v1
-            a2 += v2
-            a3 += v3
-            col_sums[j >> 3] += (v0 + v1) + (v2 + v3)
-        row_sums[r] = a0
-        row_sums[r + 1] = a1
-        row_sums[r + 2] = a2
-        row_sums[r + 3] = a3
-        r += 4
-    while r < rows:
-        a0 = 0
-        src = s + r * 4096
-        for j in range(0, 4096, 8):
-            v0 = _load8(src + j)
-            a0 += v0
-            col_sums[j >> 3] += v0
-        row_sums[r] = a0
-        r += 1
 
 
 def kv_sums(object src):
