@@ -72,7 +72,7 @@ cdef void _sum_rows(const uint8_t* s, Py_ssize_t rows, uint64_t* row_sums,
                     uint64_t* col_sums) noexcept nogil:
     """``_rows`` without the copy: the sums of a record's KV bytes where they
     lie (a host page a writer sends as it is, a page a reader received)."""
-    _rows(s, <uint8_t*>s, rows, row_sums, col_sums, False)
+    _rows(s, <uint8_t*>s, rows, row_sums, col_sums, False)  # (nothing is written to ``d`` without ``copy``)
 
 
 def copy_sums(object src, Py_ssize_t offset, object dst):
