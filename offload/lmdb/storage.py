@@ -279,7 +279,13 @@ class LmdbStorage(StorageBase):
         self._store.close()  # the environment, then the owner lock
 
     def check_integrity(self) -> None:
-        """Verify the index against the store (O(records); for tests)."""
+        """Verify the index against the store (O(records); for tests), with
+        no write step between a commit and its publishing (the writer's
+        ``at_rest`` lock): a sweep a lookup asked for may run meanwhile."""
+        with self._lmdb_writer.at_rest:
+            self._check_integrity()
+
+    def _check_integrity(self) -> None:
         self._index.check_integrity()
         with self._env.begin(buffers=True) as txn:
             stored = {bytes(k): len(v) for k, v in txn.cursor(db=self._pages)}

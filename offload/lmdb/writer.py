@@ -38,6 +38,7 @@ one, and a lowered limit evicts the tenant's own oldest records at once.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Collection, Mapping
 
 import lmdb
@@ -97,6 +98,7 @@ class LmdbWriter(JobWriter):
         self.quota_table: tuple[Mapping[TenantKey, ByteQuota], ByteQuota] = ({}, UNLIMITED)
         self._use_quotas(config.tenant_quotas, config.tenant_quota_default)
         self._tag_tenant = store.tag_tenant  # namespace tag -> tenant id, as committed
+        self.at_rest = threading.Lock()  # held while a batch commits and is published
         self._last_freed = 0  # bytes the last commit freed: not reusable by the next one
         self._data_fd = os.open(os.path.join(self._path, "data.mdb"), os.O_RDWR)  # preallocate()
         batch_pages = max(1, min(config.max_batch_pages, config.max_batch_bytes // record_bytes))
@@ -128,15 +130,16 @@ class LmdbWriter(JobWriter):
             self.submit(SweepJob([], None))
 
     def _run_batch(self, batch: list[WriteJob]) -> None:
-        start = 0
-        for i, job in enumerate(batch):  # a quota change ends a step, and runs alone
-            if isinstance(job, QuotaJob):
-                if start < i:
-                    self._run_step(batch[start:i])
-                self._set_quotas(job)
-                start = i + 1
-        if start < len(batch):
-            self._run_step(batch[start:])
+        with self.at_rest:
+            start = 0
+            for i, job in enumerate(batch):  # a quota change ends a step, and runs alone
+                if isinstance(job, QuotaJob):
+                    if start < i:
+                        self._run_step(batch[start:i])
+                    self._set_quotas(job)
+                    start = i + 1
+            if start < len(batch):
+                self._run_step(batch[start:])
 
     def _run_step(self, batch: list[WriteJob]) -> None:
         effects = self._commit_making_room(batch)

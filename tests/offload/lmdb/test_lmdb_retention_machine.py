@@ -94,7 +94,7 @@ class RetentionMachine(RuleBasedStateMachine):
     @rule(ns=st.sampled_from(NAMESPACES))
     def read(self, ns: bytes) -> None:
         """A get serves the leading live pages (an expired one is a miss that
-        asks for a sweep: its removal is announced by a later step)."""
+        asks for a sweep, which the writer runs after the get)."""
         keys = [page_key(ns, i) for i in range(PAGES)]
         served = self.kit.done(self.store.get(
             keys, self.kit.tokens(PAGES), self.kit.host(PAGES, seed=1),
@@ -103,6 +103,8 @@ class RetentionMachine(RuleBasedStateMachine):
         while expected < PAGES and keys[expected] in self.records and self._live(keys[expected]):
             expected += 1
         assert served == expected
+        if expected < PAGES and keys[expected] in self.records:  # met an expired record
+            self._removed(self._sweep_model())  # the sweep it asked for ran
 
     @rule(dt=st.sampled_from([0.5, 2.0, 10.0, 40.0]))
     def advance(self, dt: float) -> None:
