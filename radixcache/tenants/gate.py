@@ -78,11 +78,11 @@ class TenantGate:
         if host is None:
             hook(node)
             return
-        host.evicting_for = self.requester
+        host.evicting_for, host.victim = self.requester, node
         try:
             hook(node)
         finally:
-            host.evicting_for = None
+            host.evicting_for, host.victim = None, None
 
     def _make_room(self, key: object, limit: int, n: int) -> int:
         """Evict ``key``'s own pages so ``n`` more fit under ``limit`` if they

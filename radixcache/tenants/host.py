@@ -22,7 +22,9 @@ tiers' ``allocate_host`` becomes ``HostQuota.allocate``:
   goes, page-exact. Those evictions count in the victim tenant's
   ``host_pressure_evicted_pages``. When the free pages plus T's own and
   every other tenant's pages above its floor are fewer than n, nothing is
-  evicted: the backup or fetch is skipped at once.
+  evicted, not even under T's own limit: the backup or fetch is skipped at
+  once (evicting T's copies first and failing then would lose them for
+  nothing).
 * **backups of another's victims**: when the device evicts T's pages for
   another tenant R's request, or for nobody (the runner's ``evict``), and
   the write policy backs them up (write-back), the host pages are taken
@@ -32,7 +34,9 @@ tiers' ``allocate_host`` becomes ``HostQuota.allocate``:
   cannot make room, nothing of T's goes and the backup is skipped), and a
   short pool is a pass for R (for nobody: every floor holds). Else a
   backup would swap T's older copies below its floor for new ones, which
-  other tenants' pressure must never do.
+  other tenants' pressure must never do. Host copies below the victim
+  (``victim``, when it is not stored) count for no floor meanwhile: if the
+  backup is not made they go with it, so T's floor is kept by its others.
 
 Every host copy that goes is dropped through ``HostTiers.evict_host_copy``,
 which announces it (``BlockRemoved`` on the host medium) like any host
@@ -48,7 +52,7 @@ from radixcache.tenants.host_eviction import TenantHostEviction
 from radixcache.tenants.ledger import TenantLedger
 from radixcache.tenants.quota import QuotaBook, TenantKey
 from radixcache.tiers.host_tiers import HostTiers
-from radixcache.tree.node import PageIds
+from radixcache.tree.node import Node, PageIds
 
 
 class HostQuota:
@@ -64,6 +68,9 @@ class HostQuota:
         # (a tenant, or ANY: the runner's evict); None: the pages' own tenant's.
         # Set by ``TenantGate.back_up_victim`` around one victim's backup.
         self.evicting_for: object = None
+        # The device victim being backed up then (set with ``evicting_for``):
+        # host copies below it go with it if its backup is not made.
+        self.victim: Node | None = None
 
     def allocate(self, n: int, namespace: Namespace) -> PageIds | None:
         """``n`` host pages for ``namespace``'s tenant, reserved for it; None
@@ -72,11 +79,13 @@ class HostQuota:
         key = ledger.key(namespace)
         by = self.evicting_for
         requester = key if by is None else by  # whose pressure this allocation serves
+        pool = self.tiers.host
+        if pool.free_count < n and pool.free_count + self._takeable(requester) < n:
+            return None  # the pool cannot make room: evict nothing (then fail)
         limit = self.book.get(key).host_pages
         if limit is not None and not self._fit(key, limit, n, keep_floor=requester != key):
             ledger.of(key).host_dropped_pages += n
             return None
-        pool = self.tiers.host
         pages = pool.allocate(n)
         if pages is None and pool.free_count + self._takeable(requester) >= n:
             self._evict(requester, n - pool.free_count, own=False)  # type: ignore[arg-type]
@@ -124,9 +133,23 @@ class HostQuota:
         return total
 
     def _dead(self) -> dict[TenantKey, int]:
-        """Host copies of forgotten namespaces still held, per tenant: no
-        floor keeps them (radixcache/tenants/eviction.py)."""
-        return dead_pages(self.tiers.tree, self.ledger, host=True)
+        """Host copies no floor keeps, per tenant: those of forgotten
+        namespaces still held (radixcache/tenants/eviction.py), and those
+        below the victim being backed up, which go with it if the backup
+        is not made (its own tenant's floor is then kept by its other
+        copies, so a failed backup cannot take it below)."""
+        dead = dead_pages(self.tiers.tree, self.ledger, host=True)
+        victim = self.victim
+        if victim is None or victim.stored:
+            return dead
+        stack = list(victim.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.host is not None and not node.forgotten:
+                key = self.ledger.key(node.namespace)
+                dead[key] = dead.get(key, 0) + int(node.host.size)
+        return dead
 
     def _room_above_floor(self, tenant: TenantKey, dead: dict[TenantKey, int]) -> int:
         held = self.ledger.host.get(tenant, 0) - dead.get(tenant, 0)

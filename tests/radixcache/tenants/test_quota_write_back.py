@@ -3,7 +3,10 @@ tiered quota machine found, tests/radixcache/tenants/test_tier_quota_property.py
 
 * a device victim's backup, made while the device evicts for another
   tenant or for nobody, keeps the victim's tenant at its host floor (its
-  own older copies make room under its limit only above the floor);
+  own older copies make room under its limit only above the floor, and
+  copies below the victim, which go with it if the backup fails, do not
+  count for the floor);
+* a backup the host pool cannot take anyway evicts no copy first;
 * device pages a load back is bringing into the tree count against its
   tenant's device limit from the moment they are granted;
 * pages of a forgotten namespace that a request (or job) still holds keep
@@ -88,6 +91,43 @@ def test_the_runners_evict_backs_a_victim_up_without_taking_its_tenant_below_its
     assert host_pages_of(cache, A, old) == 1
     assert host_pages_of(cache, A, new) == 1
     assert cache.tenants.stats()["a"].host_pages == 2
+
+
+def test_host_copies_below_the_runners_victim_keep_no_floor_for_its_backup() -> None:
+    """Copies below a device-only victim go with it if its backup is not
+    made (here the engine is down): they cannot stand in for the floor."""
+    cache = make({"a": TenantQuota(host_pages=2, host_floor=1)})
+    old, pair = prompt(1, 1), prompt(2, 2)
+    serve(cache, A, old)
+    assert cache.evict(1) == 1  # ``old``: host only
+    serve(cache, A, pair)
+    assert cache.evict(1) == 1  # the tail of ``pair``: host only, below its device-only head
+    assert host_pages_of(cache, A, old) == 1 and host_pages_of(cache, A, pair) == 1
+    manual_copies(cache).raising = True  # any backup would fail
+    assert cache.evict(1) == 1  # the head of ``pair``, and its tail with it
+    cache.check_integrity()
+    assert host_pages_of(cache, A, old) == 1  # the copy the floor keeps stayed
+    assert host_pages_of(cache, A, pair) == 0
+    stats = cache.tenants.stats()["a"]
+    assert stats.host_pages == 1 and stats.counters.host_dropped_pages == 1
+
+
+def test_a_backup_the_pool_cannot_take_evicts_no_copy_first() -> None:
+    """A's own pressure may make room under its limit from its own copies,
+    but not when the pool cannot hold the backup anyway (B is at its floor):
+    the backup is skipped and A keeps what it had."""
+    cache = make({"a": TenantQuota(host_pages=3), "b": TenantQuota(host_floor=2)},
+                 device_pages=5, host_pages=4)
+    old = prompt(1, 2)
+    serve(cache, B, prompt(5, 2))
+    assert cache.evict(2) == 2
+    serve(cache, A, old)
+    assert cache.evict(2) == 2  # two host copies each: the host pool is full
+    serve(cache, A, prompt(2, 3))
+    serve(cache, A, prompt(3, 4))  # evicts A's three-page node: its backup cannot fit
+    cache.check_integrity()
+    assert host_pages_of(cache, A, old) == 2
+    assert cache.tenants.stats()["b"].host_pages == 2
 
 
 def test_another_tenants_request_backs_a_victim_up_without_taking_it_below_its_host_floor() -> None:
