@@ -68,6 +68,8 @@ class CacheMachine(RuleBasedStateMachine):
     def locked_prefixes(self) -> set[Prefix]:
         out: set[Prefix] = set()
         for req in self.cache.live_requests:
+            if req.rid in self.stale:
+                continue  # it holds forgotten pages: the same prefix cached again is not its
             ns = self.ns_of[req.rid]
             toks = req.tokens
             for end in range(P, req.shared_pages * P + 1, P):
@@ -196,3 +198,24 @@ CacheMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestCacheMachine = CacheMachine.TestCase
+
+
+def test_a_forgotten_prefix_cached_again_is_not_the_stale_holders() -> None:
+    """A case the machine found: a request holds a forgotten namespace's
+    page, another caches the same prefix again and releases it; that new
+    page is unlocked and may be evicted (the old one stays held)."""
+    state = CacheMachine()
+    holder = state.admit(body=[0], ns=1, reuse="none")
+    state.extend(extra=[0, 0, 0], req=holder)
+    state.reserve_and_commit(n=4, req=holder)
+    state.forget(ns=1)
+    again = state.admit(body=[0], ns=0, reuse="live")  # the holder's tokens, in namespace 1
+    assert state.ns_of[again.rid] == 1 and again.cached_len == 0
+    state.reserve_and_commit(n=4, req=again)
+    state.release(req=again)
+    state.integrity()
+    assert state.cache.evict(1) == 1  # the page cached again: the holder's stays
+    state.sync_evictions()
+    state.pages_hold_the_right_kv()
+    assert not holder.released and holder.shared_pages == 1
+    state.teardown()
