@@ -45,15 +45,22 @@ def dead_pages(tree: EvictedTree, ledger: TenantLedger, host: bool) -> dict[Tena
     detached roots): counted in the ledger, kept by no floor."""
     out: dict[TenantKey, int] = {}
     for root in tree.removal.detached:
-        stack = list(root.children.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            pages = node.host if host else node.device
-            if pages is not None:
-                key = ledger.key(node.namespace)
-                out[key] = out.get(key, 0) + int(pages.size)
+        add_pages_below(root, ledger, host, out)
     return out
+
+
+def add_pages_below(root: Node, ledger: TenantLedger, host: bool,
+                    out: dict[TenantKey, int]) -> None:
+    """Add to ``out``, per tenant, the device pages (``host``: host copies)
+    of every node below ``root``."""
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        pages = node.host if host else node.device
+        if pages is not None:
+            key = ledger.key(node.namespace)
+            out[key] = out.get(key, 0) + int(pages.size)
 
 
 class TenantEviction(DeviceEviction):

@@ -47,7 +47,7 @@ lands (``HostIndex.settle``). Owner thread only.
 from __future__ import annotations
 
 from radixcache.namespace import Namespace
-from radixcache.tenants.eviction import dead_pages
+from radixcache.tenants.eviction import add_pages_below, dead_pages
 from radixcache.tenants.host_eviction import TenantHostEviction
 from radixcache.tenants.ledger import TenantLedger
 from radixcache.tenants.quota import QuotaBook, TenantKey
@@ -140,15 +140,9 @@ class HostQuota:
         copies, so a failed backup cannot take it below)."""
         dead = dead_pages(self.tiers.tree, self.ledger, host=True)
         victim = self.victim
-        if victim is None or victim.stored:
-            return dead
-        stack = list(victim.children.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node.host is not None and not node.forgotten:
-                key = self.ledger.key(node.namespace)
-                dead[key] = dead.get(key, 0) + int(node.host.size)
+        # (a forgotten victim's subtree is detached: counted just above)
+        if victim is not None and not (victim.stored or victim.forgotten):
+            add_pages_below(victim, self.ledger, True, dead)
         return dead
 
     def _room_above_floor(self, tenant: TenantKey, dead: dict[TenantKey, int]) -> int:

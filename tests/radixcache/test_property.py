@@ -69,7 +69,7 @@ class CacheMachine(RuleBasedStateMachine):
         out: set[Prefix] = set()
         for req in self.cache.live_requests:
             if req.rid in self.stale:
-                continue  # it holds forgotten pages: the same prefix cached again is not its
+                continue  # it holds forgotten pages: the same prefix cached again is not its own
             ns = self.ns_of[req.rid]
             toks = req.tokens
             for end in range(P, req.shared_pages * P + 1, P):
