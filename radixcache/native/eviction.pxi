@@ -52,7 +52,7 @@ def evict_loop(ev, Py_ssize_t num_pages, before_drop):
             ev.push(node)  # touched since it was pushed
             continue
         short = num_pages - count
-        if short < len(node.device):
+        if short < _len(node.device):
             node = ev._tail_victim(node, short)
         if before_drop is not None:
             before_drop(node)
@@ -63,7 +63,7 @@ def evict_loop(ev, Py_ssize_t num_pages, before_drop):
             continue
         pages = drop(node)
         dev.append(pages)
-        count += len(pages)
+        count += _len(pages)
     if skipped is not None:
         for node in skipped:  # still candidates: give them their heap entry back
             if node in candidates:
@@ -83,7 +83,7 @@ def drop_device(ev, Node node):
     assert node.lock_ref == 0 and node.device_children == 0, "drop_device on a protected node"
     tree.recorder.removed(node, "GPU")
     node.device = None
-    n = len(pages)
+    n = _len(pages)
     tree.device_pages -= n
     tree.evictable_pages -= n
     ledger = tree.ledger

@@ -32,7 +32,7 @@ def block_ids(object tokens, Py_ssize_t page_size, uint64_t start, object lanes)
         try:
             n = tb.len // 4 // page_size
             out = _empty(n, _I64)
-            PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            _write(out, &ob)
             _fill_ids(<const uint32_t*>tb.buf, n, page_size, start, <const uint64_t*>lb.buf,
                       <int64_t*>ob.buf)
             PyBuffer_Release(&ob)
@@ -97,7 +97,7 @@ cdef tuple _run(object self, Node node, Py_ssize_t start, Py_ssize_t count):
             prev = _chain(lanes, p, node, first, start - first, prev, NULL)
         before = None if start == 0 and parent.parent is None else prev
         out = _empty(count, _I64)
-        PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        _write(out, &ob)
         try:
             prev = _chain(lanes, p, node, start, count, prev, <int64_t*>ob.buf)
         finally:

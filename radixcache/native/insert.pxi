@@ -12,7 +12,7 @@ cdef object _copy_range(object arr, Py_ssize_t start, Py_ssize_t stop):
     if stop > start:
         _read(arr, &ab)
         try:
-            PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            _write(out, &ob)
             memcpy(ob.buf, <int32_t*>ab.buf + start, (stop - start) * 4)
             PyBuffer_Release(&ob)
         finally:
@@ -53,7 +53,7 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
             matched = _common(child.key, t, pos, total, p)
             if child.device is None and not lower.adoptable(child):
                 break  # being loaded back: no adoption; the insert stops here
-            if matched < len(child.key):
+            if matched < _len(child.key):
                 child = tree.split(child, matched // p)
             child.last_access = tick
             if priority > child.priority:
@@ -76,7 +76,7 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
         # stopped at a node being loaded back: the rest stays with the caller
         return existing, parts, node, new_nodes, offsets, pos // p
     if pos < total and tree._can_extend(node):
-        old_pages = len(node.key) // p
+        old_pages = _len(node.key) // p
         tree._extend_leaf(node, tokens[pos:], pages[pos // p:])
         recorder.stored(node, old_pages, (total - pos) // p, GPU)
         new_nodes.append(node)

@@ -85,9 +85,9 @@ def copy_sums(object src, Py_ssize_t offset, object dst):
     released for the copy."""
     cdef Py_buffer sb, db, rb, cb
     cdef Py_ssize_t n, rows
-    PyObject_GetBuffer(src, &sb, PyBUF_SIMPLE)
+    _read(src, &sb)
     try:
-        PyObject_GetBuffer(dst, &db, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        _write(dst, &db)
         try:
             n = db.len
             if offset < 0 or sb.len - offset != n:
@@ -95,8 +95,8 @@ def copy_sums(object src, Py_ssize_t offset, object dst):
             rows = n // 4096
             row_sums = _empty(rows, _U64)
             col_sums = np.zeros(512, _U64)
-            PyObject_GetBuffer(row_sums, &rb, PyBUF_SIMPLE | PyBUF_WRITABLE)
-            PyObject_GetBuffer(col_sums, &cb, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            _write(row_sums, &rb)
+            _write(col_sums, &cb)
             with nogil:
                 _copy_rows(<const uint8_t*>sb.buf + offset, <uint8_t*>db.buf, rows,
                            <uint64_t*>rb.buf, <uint64_t*>cb.buf)
@@ -118,13 +118,13 @@ def kv_sums(object src):
     (their crc32). The GIL is released for the pass."""
     cdef Py_buffer sb, rb, cb
     cdef Py_ssize_t rows
-    PyObject_GetBuffer(src, &sb, PyBUF_SIMPLE)
+    _read(src, &sb)
     try:
         rows = sb.len // 4096
         row_sums = _empty(rows, _U64)
         col_sums = np.zeros(512, _U64)
-        PyObject_GetBuffer(row_sums, &rb, PyBUF_SIMPLE | PyBUF_WRITABLE)
-        PyObject_GetBuffer(col_sums, &cb, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        _write(row_sums, &rb)
+        _write(col_sums, &cb)
         with nogil:
             _sum_rows(<const uint8_t*>sb.buf, rows, <uint64_t*>rb.buf, <uint64_t*>cb.buf)
         PyBuffer_Release(&cb)

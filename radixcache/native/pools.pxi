@@ -17,9 +17,9 @@ def pool_take(object free, object state, Py_ssize_t top, Py_ssize_t fresh, Py_ss
         return out
     _read(free, &fb)
     try:
-        PyObject_GetBuffer(state, &sb, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        _write(state, &sb)
         try:
-            PyObject_GetBuffer(out, &ob, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            _write(out, &ob)
             f = <const int32_t*>fb.buf
             st = <int8_t*>sb.buf
             o = <int32_t*>ob.buf
@@ -51,18 +51,20 @@ def pool_give(object ids, object free, object state, Py_ssize_t top, Py_ssize_t 
     cdef int8_t* st
     cdef int32_t page
     cdef Py_ssize_t n, j, k
-    try:
-        PyObject_GetBuffer(ids, &ib, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-    except (TypeError, BufferError, ValueError):
-        return -1
-    try:
-        if ib.ndim != 1 or ib.itemsize != 4 or ib.format == NULL or strcmp(ib.format, b"i") != 0:
+    if not _direct(ids, &ib, _C_CONTIGUOUS, True):
+        try:
+            PyObject_GetBuffer(ids, &ib, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        except (TypeError, BufferError, ValueError):
             return -1
+        if ib.ndim != 1 or ib.itemsize != 4 or ib.format == NULL or strcmp(ib.format, b"i") != 0:
+            PyBuffer_Release(&ib)
+            return -1
+    try:
         n = ib.len // 4
         if n == 0:
             return 0
         a = <const int32_t*>ib.buf
-        PyObject_GetBuffer(state, &sb, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        _write(state, &sb)
         try:
             st = <int8_t*>sb.buf
             for j in range(n):
@@ -76,7 +78,7 @@ def pool_give(object ids, object free, object state, Py_ssize_t top, Py_ssize_t 
                 st[page] = -1
         finally:
             PyBuffer_Release(&sb)
-        PyObject_GetBuffer(free, &fb, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        _write(free, &fb)
         try:
             f = <int32_t*>fb.buf
             for j in range(n):

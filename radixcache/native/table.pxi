@@ -17,11 +17,11 @@ def append_pages(req, object pages):
         num = req.num_pages
         need = num + add
         table = req._pages
-        size = len(table)
+        size = _len(table)
         if need > size:  # (room for the prompt's pages at the first)
             cap = max(need, 2 * size, len(req._tokens) // 8)
             grown = _empty(cap, _I32)
-            PyObject_GetBuffer(grown, &gb, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            _write(grown, &gb)
             try:
                 if num:
                     _read(table, &tb)
@@ -32,7 +32,7 @@ def append_pages(req, object pages):
                 PyBuffer_Release(&gb)
             req._pages = grown
         else:
-            PyObject_GetBuffer(table, &tb, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            _write(table, &tb)
             memcpy(<int32_t*>tb.buf + num, pb.buf, add * 4)
             PyBuffer_Release(&tb)
         req.num_pages = need

@@ -174,6 +174,43 @@ def test_owned_tokens_leaves_every_other_buffer_to_the_general_path() -> None:
     assert core.owned_tokens(memoryview(base)).tolist() == base.tolist()  # (as_tokens passes ndarrays only)
 
 
+class _Sub(np.ndarray):
+    """A numpy subclass: read through the buffer protocol, not from the array head."""
+
+
+def test_plain_arrays_and_every_other_buffer_read_the_same() -> None:
+    """The loops read a plain 1-D numpy array of numpy's own dtype objects
+    from the array's head, and anything else (a subclass, a dtype with
+    metadata, a read-only or offset view) through the buffer protocol:
+    the same ids either way, and a destination that is not writable is
+    refused, not written."""
+    core = _core()
+    base = np.arange(40, dtype=np.int32)
+    tagged = np.dtype(np.int32, metadata={"why": "not numpy's own int32 object"})
+    read_only = base.copy()
+    read_only.setflags(write=False)
+    forms = [base, base[3:27], base[:0], base.view(_Sub), base.astype(tagged), read_only,
+             np.frombuffer(base.tobytes(), np.int32)]  # fmt: skip
+    assert base.astype(tagged).dtype is not base.dtype  # (the fallback is what it exercises)
+    for arr in forms:
+        want = np.asarray(arr).tolist()
+        assert core.owned_tokens(arr).tolist() == want
+        assert core.concat_pages([arr, base[:4], arr]).tolist() == want + [0, 1, 2, 3] + want
+        n = len(want) - len(want) % 4
+        assert core.common_len(arr, base, 0, n, 4) == (n if want[:n] == list(range(n)) else 0)
+        if len(want) >= 4:
+            assert core.first_page(arr, 0, 4) == np.asarray(arr)[:4].tobytes()
+    src = np.arange(3 * 4096, dtype=np.uint64).view(np.uint8)[: 3 * 4096]
+    dst = np.zeros(src.size, np.uint8)
+    rows, cols = core.copy_sums(src, 0, dst)
+    assert np.array_equal(dst, src) and rows.size == 3
+    frozen = np.zeros(src.size, np.uint8)
+    frozen.setflags(write=False)
+    with pytest.raises((BufferError, ValueError)):
+        core.copy_sums(src, 0, frozen)
+    assert not frozen.any()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_append_pages_equals_the_python_reference(data: st.DataObject) -> None:
