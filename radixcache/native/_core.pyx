@@ -82,6 +82,7 @@ import heapq
 import numpy as np
 
 cdef object _empty = np.empty
+cdef object _MISSING = object()  # (a dict lookup's default: no such key)
 cdef object _heappop = heapq.heappop
 cdef object _heappush = heapq.heappush
 cdef object _NO_PAGES = np.empty(0, np.int32)  # a match's pages when it found none (shared)

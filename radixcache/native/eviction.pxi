@@ -88,7 +88,7 @@ def drop_device(ev, Node node):
     tree.evictable_pages -= n
     ledger = tree.ledger
     if ledger is not None:
-        ledger.sub_device(node.namespace, n, True)
+        _sub_device(ledger, node.namespace, n)
     candidates.discard(node)
     parent.device_children -= 1
     if not tree.lower.resident(node):  # (so it holds nothing below the device)
@@ -99,6 +99,58 @@ def drop_device(ev, Node node):
                 del node.children[child.key[: tree.page_size].tobytes()]
                 for gone in removal.subtree(child):
                     removal.discount(gone, [])
-        removal.unlink(node)
+        _unlink(tree, removal, node)
     _update(ev, candidates, parent)
     return pages
+
+
+cdef int _sub_device(ledger, namespace, Py_ssize_t n) except -1:
+    """``TenantLedger.sub_device(namespace, n, True)`` (radixcache/tenants/ledger.py),
+    its tenant key looked up as ``key`` does (the method when it is not known yet)."""
+    keys = getattr(ledger, "_keys", None)
+    if type(keys) is not dict:  # another ledger: its own method
+        ledger.sub_device(namespace, n, True)
+        return 0
+    key = (<dict>keys).get(namespace, _MISSING)
+    if key is _MISSING:
+        key = ledger.key(namespace)
+    _count_sub(ledger.device, key, n)
+    if ledger.book is not None:
+        _count_sub(ledger.evictable, key, n)
+    return 0
+
+
+cdef int _count_sub(dict counts, key, Py_ssize_t n) except -1:
+    """The ledger's ``_add(counts, key, -n)``: a count that reaches 0 leaves the dict."""
+    cdef Py_ssize_t left = <Py_ssize_t>counts.get(key, 0) - n
+    if left < 0:
+        raise AssertionError(f"tenant {key!r}: a count went below zero ({left})")
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+    return 0
+
+
+cdef int _unlink(tree, removal, Node node) except -1:
+    """``TreeRemoval.unlink`` (radixcache/tree/removal.py): a childless
+    ``node`` out of its parent; a root left empty goes."""
+    cdef Node parent = node.parent
+    cdef Py_buffer kb
+    cdef Py_ssize_t p = tree.page_size
+    assert parent is not None and not node.children, "removing an inner node"
+    key = node.key
+    _read(key, &kb)
+    try:
+        first = PyBytes_FromStringAndSize(<char*>kb.buf, p * 4)
+    finally:
+        PyBuffer_Release(&kb)
+    del parent.children[first]
+    tree.node_count -= 1
+    if parent.parent is None and not parent.children:
+        roots = removal.roots
+        if roots.get(parent.namespace) is parent:
+            del roots[parent.namespace]
+        elif parent in removal.detached:
+            removal.detached.remove(parent)
+    return 0
