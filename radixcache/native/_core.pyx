@@ -245,14 +245,8 @@ def owned_tokens(object tokens):
     cdef int32_t acc = 0, v
     cdef const int32_t* s
     cdef int32_t* d
-    if not _direct(tokens, &sb, _C_CONTIGUOUS, True):
-        try:
-            PyObject_GetBuffer(tokens, &sb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-        except (TypeError, BufferError, ValueError):
-            return NotImplemented
-        if sb.ndim != 1 or sb.itemsize != 4 or sb.format == NULL or strcmp(sb.format, b"i") != 0:
-            PyBuffer_Release(&sb)
-            return NotImplemented
+    if not _int32_buffer(tokens, &sb):
+        return NotImplemented
     try:
         n = sb.len // 4
         out = _empty(n, _I32)

@@ -45,20 +45,28 @@ cdef int _WRITEABLE = 0x0400  # NPY_ARRAY_WRITEABLE
 cdef int _WARN_ON_WRITE = <int>0x80000000  # NPY_ARRAY_WARN_ON_WRITE: leave to numpy's export
 
 
+cdef bint _int32_buffer(object ids, Py_buffer* view):
+    """A read view of ``ids`` when it is a 1-D C-contiguous native int32
+    buffer (True; the caller releases it); False, holding nothing, for any
+    other object."""
+    if _direct(ids, view, _C_CONTIGUOUS, True):
+        return True
+    try:
+        PyObject_GetBuffer(ids, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    except (TypeError, BufferError, ValueError):
+        return False
+    if view.ndim == 1 and view.itemsize == 4 and view.format != NULL and strcmp(view.format, b"i") == 0:
+        return True
+    PyBuffer_Release(view)
+    return False
+
+
 cdef object _int32_view(object ids, Py_buffer* view):
     """A read view of ``ids`` as a 1-D C-contiguous int32 array: of ``ids``
     itself, or of the copy that numpy's assignment into an int32 array would
     convert them to (returned: the caller keeps it alive with the view)."""
-    if _direct(ids, view, _C_CONTIGUOUS, True):
+    if _int32_buffer(ids, view):
         return ids
-    try:
-        PyObject_GetBuffer(ids, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-    except (TypeError, BufferError, ValueError):
-        pass
-    else:
-        if view.ndim == 1 and view.itemsize == 4 and view.format != NULL and strcmp(view.format, b"i") == 0:
-            return ids
-        PyBuffer_Release(view)
     ids = _ascontiguous(ids, _I32).reshape(-1)
     PyObject_GetBuffer(ids, view, PyBUF_SIMPLE)
     return ids
@@ -90,7 +98,7 @@ cdef inline bint _direct(object arr, Py_buffer* view, int flags, bint int32) noe
     if h.nd != 1 or (h.flags & flags) != flags or (h.flags & _WARN_ON_WRITE):
         return False
     size = _item_bytes(h.descr)
-    if size == 0 or (int32 and size != 4) or (int32 and h.descr != _D_I32):
+    if size == 0 or (int32 and h.descr != _D_I32):
         return False
     rc_fill_view(view, h.data, h.dimensions[0] * size, size)
     return True

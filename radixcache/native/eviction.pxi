@@ -136,16 +136,8 @@ cdef int _unlink(tree, removal, Node node) except -1:
     """``TreeRemoval.unlink`` (radixcache/tree/removal.py): a childless
     ``node`` out of its parent; a root left empty goes."""
     cdef Node parent = node.parent
-    cdef Py_buffer kb
-    cdef Py_ssize_t p = tree.page_size
     assert parent is not None and not node.children, "removing an inner node"
-    key = node.key
-    _read(key, &kb)
-    try:
-        first = PyBytes_FromStringAndSize(<char*>kb.buf, p * 4)
-    finally:
-        PyBuffer_Release(&kb)
-    del parent.children[first]
+    del parent.children[first_page(node.key, 0, tree.page_size)]
     tree.node_count -= 1
     if parent.parent is None and not parent.children:
         roots = removal.roots

@@ -51,14 +51,8 @@ def pool_give(object ids, object free, object state, Py_ssize_t top, Py_ssize_t 
     cdef int8_t* st
     cdef int32_t page
     cdef Py_ssize_t n, j, k
-    if not _direct(ids, &ib, _C_CONTIGUOUS, True):
-        try:
-            PyObject_GetBuffer(ids, &ib, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-        except (TypeError, BufferError, ValueError):
-            return -1
-        if ib.ndim != 1 or ib.itemsize != 4 or ib.format == NULL or strcmp(ib.format, b"i") != 0:
-            PyBuffer_Release(&ib)
-            return -1
+    if not _int32_buffer(ids, &ib):
+        return -1
     try:
         n = ib.len // 4
         if n == 0:
