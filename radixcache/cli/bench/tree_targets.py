@@ -5,6 +5,12 @@ Each run measures both sides on the same workload, their calls interleaved
 (``interleaved``: chunks of calls taking turns), so that the drift of a
 shared machine's speed falls on both; with ``runs > 1`` every figure is the
 median over runs, and every ratio is the median of the per-run ratios.
+
+Two yardsticks on the peer's side: its scheduler's path (``sglang_rust``:
+what SGLang's scheduler calls per request, the device indices and the lock
+included) and, for the lookups and the insert, its Rust core's call alone
+(``sglang_rust_core``: the walk, the insert call). The second is the
+stricter one: every ratio against it is smaller.
 """
 
 from __future__ import annotations
@@ -64,20 +70,22 @@ CHUNK = 25  # calls a side makes in a row before the other side's turn
 
 
 def interleaved(
-    mine: Callable[[int], object], theirs: Callable[[int], object] | None, n: int
-) -> tuple[list[float], list[float]]:
-    """Seconds of each of ``mine(0) .. mine(n-1)`` and of ``theirs``'s, timed
-    one call at a time (``timed``) in chunks of ``CHUNK`` calls that take
-    turns, the side going first swapped every chunk: a drift of the
-    machine's speed (minutes here) falls on both sides alike. ``theirs``
-    None: ``mine`` alone."""
-    out: tuple[list[float], list[float]] = ([], [])
-    sides = [(mine, out[0]), (theirs, out[1])]
+    mine: Callable[[int], object], theirs: Callable[[int], object] | None, n: int,
+    *more: Callable[[int], object],
+) -> tuple[list[float], ...]:
+    """Seconds of each of ``mine(0) .. mine(n-1)`` and of ``theirs``'s (and of
+    each of ``more``'s), timed one call at a time (``timed``) in chunks of
+    ``CHUNK`` calls that take turns, the order rotated every chunk (with two
+    sides: the side going first swapped): a drift of the machine's speed
+    (minutes here) falls on every side alike. ``theirs`` None: ``mine``
+    alone (and ``more``)."""
+    out: tuple[list[float], ...] = tuple([] for _ in range(2 + len(more)))
+    sides = list(zip((mine, theirs, *more), out))
     for start in range(0, n, CHUNK):
         for fn, samples in sides:
             if fn is not None:
                 samples += timed(fn, min(n, start + CHUNK), start)
-        sides.reverse()
+        sides = sides[1:] + sides[:1]
     return out
 
 
@@ -87,7 +95,9 @@ def measure(
     """One run of the public API figures (events recorded, drained every
     request) and, when ``make`` builds the peer (SGLang's Rust tree core),
     the same figures for the peer, every compared call timed interleaved
-    with the peer's (``interleaved``); None for the peer without one."""
+    with the peer's (``interleaved``); None for the peer without one. The
+    peer's figures also hold ``core_*``: its Rust core's walk alone for the
+    lookups, its insert call alone for the insert (sglang_tree.py)."""
     capacity = s.conversations * 320 + s.long_docs * 2048 + 1024
     gc.collect()
     cache = tree_api.make_cache(capacity)
@@ -98,10 +108,17 @@ def measure(
         "long": [peer.key(x) for x in w.long], "miss4k": [peer.key(w.miss4k)], "miss32k": [peer.key(w.miss32k)],
     }
 
-    def both(ours: Callable[[int], object], theirs: Callable[[Any, int], object], n: int) -> tuple[list[float], list[float]]:
-        return interleaved(ours, None if peer is None else lambda i: theirs(peer, i), n)
+    def both(ours: Callable[[int], object], theirs: Callable[[Any, int], object], n: int,
+             core: Callable[[Any, int], object] | None = None) -> tuple[list[float], ...]:
+        if peer is None:
+            return interleaved(ours, None, n)
+        more = () if core is None else (lambda i: core(peer, i),)
+        return interleaved(ours, lambda i: theirs(peer, i), n, *more)
 
+    if peer is not None:
+        peer.insert_s.clear()
     first_s = both(lambda i: tree_api.serve(cache, w.first[i]), lambda t, i: t.serve(keys["first"][i]), len(w.first))
+    insert_call_s = [] if peer is None else list(peer.insert_s)
     second_s = both(lambda i: tree_api.serve(cache, seconds[i]), lambda t, i: t.serve(keys["second"][i]), len(seconds))
     for i, doc in enumerate(w.long):
         tree_api.serve(cache, doc)
@@ -110,9 +127,10 @@ def measure(
     cases = {"hit_32k": (w.long, "long"), "hit_4k": (w.first, "first"), "miss_4k": ([w.miss4k], "miss4k"),
              "miss_32k": ([w.miss32k], "miss32k")}
 
-    def lookup(arrays: list[np.ndarray], key: str) -> tuple[list[float], list[float]]:
+    def lookup(arrays: list[np.ndarray], key: str) -> tuple[list[float], ...]:
         return both(lambda i: tree_api.probe(cache, arrays[i % len(arrays)]),
-                    lambda t, i: t.probe(keys[key][i % len(keys[key])]), s.reps)
+                    lambda t, i: t.probe(keys[key][i % len(keys[key])]), s.reps,
+                    lambda t, i: t.match(keys[key][i % len(keys[key])]))
 
     looked = {name: lookup(arrays, key) for name, (arrays, key) in cases.items()}
     evicted: list[tuple[float, int]] = []
@@ -169,6 +187,8 @@ def measure(
         "insert_turn2_us": tree_api.us(second_s[1]),
         "evict_10k_ms": round(statistics.median(peer_evicted) * 1e3, 3),
         "replay_req_per_s": round(len(seqs) / sum(replayed[1])),
+        **{f"core_{k}_us": tree_api.us(v[2]) for k, v in looked.items()},
+        "core_insert_4k_us": tree_api.us(insert_call_s),
     }
     return mine, theirs
 
@@ -200,6 +220,13 @@ def table(
             if t.min_ratio is not None:
                 row["ratio_target"] = f">= {t.min_ratio:g}x"
                 row["ratio"] = verdict(row["ratio_vs_sglang"] >= t.min_ratio, caveat)
+            core = "core_" + t.figure
+            if core in runs_peer[0]:  # the Rust core's own call alone (sglang_tree.py)
+                row["sglang_rust_core"] = statistics.median(r[core] for r in runs_peer)
+                per_run = [ratio(t, a[t.figure], b[core]) for a, b in zip(runs_ours, runs_peer)]
+                row["ratio_vs_sglang_core"] = round(statistics.median(per_run), 2)
+                if t.min_ratio is not None:
+                    row["ratio_core"] = verdict(row["ratio_vs_sglang_core"] >= t.min_ratio, caveat)
         elif t.min_ratio is not None:
             row["ratio_target"] = f">= {t.min_ratio:g}x"
             row["ratio"] = "not measured (no peer)"

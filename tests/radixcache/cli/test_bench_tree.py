@@ -41,8 +41,22 @@ def test_table_takes_medians_and_per_run_ratios() -> None:
     assert hit["ratio_vs_sglang"] == 4.0 and hit["absolute"] == "pass" and hit["ratio"] == "pass"
     miss = rows["match 4k full miss"]
     assert miss["absolute"] == "fail"  # 10 us > 3 us
+    assert "sglang_rust_core" not in hit  # no core figure in these runs
     alone = tree_targets.table(ours, None, "none")
     assert alone["rows"][0]["ratio"] == "not measured (no peer)"
+
+
+def test_table_reports_the_rust_core_alone_beside_the_scheduler_path() -> None:
+    names = [t.figure for t in tree_targets.TARGETS]
+    ours = [dict.fromkeys(names, 10.0) for _ in range(3)]
+    peer = [dict.fromkeys(names, 40.0) | {"core_hit_4k_us": c} for c in (20.0, 25.0, 35.0)]
+    rows = {r["figure"]: r for r in tree_targets.table(ours, peer, "peer")["rows"]}
+    hit = rows["match 4k full hit"]
+    assert hit["ratio_vs_sglang"] == 4.0 and hit["ratio"] == "pass"
+    assert hit["sglang_rust_core"] == 25.0
+    assert hit["ratio_vs_sglang_core"] == 2.5  # median of 2.0, 2.5, 3.5
+    assert hit["ratio_core"] == "fail"  # under 3x against the core alone
+    assert "ratio_core" not in rows["match 4k full miss"]  # no core figure for it
 
 
 def test_the_two_sides_take_turns_in_chunks_the_first_swapped_each_time() -> None:
@@ -55,6 +69,13 @@ def test_the_two_sides_take_turns_in_chunks_the_first_swapped_each_time() -> Non
             + [("theirs", i) for i in range(c, 2 * c)] + [("mine", i) for i in range(c, 2 * c)]
             + [("mine", i) for i in range(2 * c, 60)] + [("theirs", i) for i in range(2 * c, 60)])
     assert calls == want
+    calls.clear()
+    a, b, core = tree_targets.interleaved(lambda i: calls.append(("a", i)), lambda i: calls.append(("b", i)),
+                                          3 * c, lambda i: calls.append(("core", i)))
+    assert len(a) == len(b) == len(core) == 3 * c
+    firsts = [calls[k * 3 * c][0] for k in range(3)]  # who went first in each chunk
+    assert firsts == ["a", "b", "core"]  # the order rotates
+    assert sorted(calls) == sorted((side, i) for side in ("a", "b", "core") for i in range(3 * c))
     calls.clear()
     alone, none = tree_targets.interleaved(lambda i: calls.append(("mine", i)), None, 30)
     assert len(alone) == 30 and none == [] and calls == [("mine", i) for i in range(30)]
@@ -72,6 +93,8 @@ def test_both_sides_run_the_same_workload_against_the_real_peer() -> None:
     for t in tree_targets.TARGETS:
         if t.min_ratio is not None:
             assert mine[t.figure] > 0 and theirs[t.figure] > 0, t.figure
+    for figure in ("hit_32k_us", "hit_4k_us", "miss_4k_us", "miss_32k_us", "insert_4k_us"):
+        assert theirs["core_" + figure] > 0, figure  # the Rust core's own call, timed too
     assert mine["tree_pages"] == theirs["tree_pages"]  # the same pages cached on both sides
     assert 0.5 < mine["replay_hit_ratio"] < 1.0
 
