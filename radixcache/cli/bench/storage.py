@@ -32,10 +32,11 @@ pass alone over pages in memory. ``ratios`` give sealed / clear;
 ``sealing_cpu`` gives the same comparison for the record codec alone in CPU
 time (radixcache/cli/bench/sealing.py), which a loaded machine disturbs less.
 
-Targets (docs: "Figures that count as fast"): LMDB writes >= 50% of the
-fsync'd sequential write rate; reads of cached pages >= 2 GB/s into host
-pages, and at least as fast as the one-file-per-page store; sealed writes
-and reads >= 85% of clear ones.
+Targets (docs: "Figures that count as fast"): LMDB writes >= 80% of the
+fsync'd sequential write rate; reads of cached pages into host pages at
+least as fast as the one-file-per-page store; sealed writes and reads >= 85%
+of clear ones. Each spec's ``targets`` lists every ratio beside its target
+and its verdict (marked indicative on a --quick or loaded run).
 
     radixcache bench storage [--quick] [--total-mib 64] [--repeat 3]
                                        [--specs small,realistic] [--dir PARENT]
@@ -59,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixcache.cli.bench import rate, run_note, timed, with_note
+from radixcache.cli.bench import rate, run_note, timed, verdict, with_note
 from radixcache.cli.options import positive_int
 from radixcache.cli.parser import CliParser
 from radixcache.native import hand_to_storage
@@ -76,8 +77,8 @@ SPECS = {
         num_layers=32, num_kv_heads=8, head_dim=128, dtype=torch.float16, page_size=16
     ),
 }
-WRITE_TARGET = 0.5  # LMDB write rate / fsync'd sequential write rate
-READ_TARGET_GBPS = 2.0  # LMDB reads of cached pages into host pages
+WRITE_TARGET = 0.8  # LMDB write rate / fsync'd sequential write rate
+READ_TARGET = 1.0  # LMDB reads of cached pages into host pages / one file per page
 hand_to_storage()  # the stores measured copy and sum records as the engine's do
 SEALED_TARGET = 0.85  # sealed (encrypted) / clear LMDB throughput, writes and reads
 # The sealed figures need the encryption extra; without it they are reported
@@ -97,7 +98,7 @@ def _fresh(path: Path) -> None:
 
 
 def _bench_spec(
-    name: str, spec: KVSpec, root: Path, total: int, request: int, repeat: int
+    name: str, spec: KVSpec, root: Path, total: int, request: int, repeat: int, note: str | None
 ) -> dict[str, Any]:
     n = max(request, total // spec.page_bytes // request * request)
     nbytes = n * spec.page_bytes
@@ -269,6 +270,7 @@ def _bench_spec(
     w = {k: rate(nbytes, n, v) for k, v in write_s.items()}
     r = {k: rate(nbytes, n, v) for k, v in read_s.items()}
     write_ratio = w["lmdb_safe"]["gb_per_s"] / w["seq_fsync"]["gb_per_s"]
+    read_ratio = r["lmdb_safe"]["gb_per_s"] / r["file_per_page"]["gb_per_s"]
     sealed_write = w["lmdb_sealed"]["gb_per_s"] / w["lmdb_safe"]["gb_per_s"] if SEALING else None
     sealed_read = r["lmdb_sealed"]["gb_per_s"] / r["lmdb_safe"]["gb_per_s"] if SEALING else None
     best = {k: min(v) for k, v in write_s.items()}
@@ -290,9 +292,7 @@ def _bench_spec(
             "lmdb_write_vs_file_per_page": round(
                 w["lmdb_safe"]["gb_per_s"] / w["file_per_page"]["gb_per_s"], 3
             ),
-            "lmdb_read_vs_file_per_page": round(
-                r["lmdb_safe"]["gb_per_s"] / r["file_per_page"]["gb_per_s"], 3
-            ),
+            "lmdb_read_vs_file_per_page": round(read_ratio, 3),
             "lmdb_1_reader_read_vs_file_per_page": round(
                 r["lmdb_1_reader"]["gb_per_s"] / r["file_per_page"]["gb_per_s"], 3
             ),
@@ -309,15 +309,22 @@ def _bench_spec(
             "sealed_read_vs_clear": _r(min(read_s["lmdb_safe"]) / min(read_s["lmdb_sealed"]))
             if SEALING else None,
         },
-        "meets_targets": {
-            "write_ge_50pct_of_seq_fsync": write_ratio >= WRITE_TARGET,
-            "cached_read_ge_2_gb_per_s": r["lmdb_safe"]["gb_per_s"] >= READ_TARGET_GBPS,
-            "cached_read_ge_file_per_page": r["lmdb_safe"]["gb_per_s"]
-            >= r["file_per_page"]["gb_per_s"],
-            "sealed_write_ge_85pct_of_clear": None if sealed_write is None else sealed_write >= SEALED_TARGET,
-            "sealed_read_ge_85pct_of_clear": None if sealed_read is None else sealed_read >= SEALED_TARGET,
-        },
+        "targets": _rows([
+            ("LMDB write (safe) / fsync'd sequential write", write_ratio, WRITE_TARGET),
+            ("LMDB cached read / one file per page", read_ratio, READ_TARGET),
+            ("sealed write / clear write (LMDB)", sealed_write, SEALED_TARGET),
+            ("sealed read / clear read (LMDB)", sealed_read, SEALED_TARGET),
+        ], note),
     }
+
+
+def _rows(ratios: list[tuple[str, float | None, float]], note: str | None) -> list[dict[str, Any]]:
+    """Each ratio beside its target and its verdict (None: not measured)."""
+    return [
+        {"figure": figure, "ratio": None if got is None else round(got, 3), "target": f">= {want:g}x",
+         "result": "skipped (not measured)" if got is None else verdict(got >= want, note)}
+        for figure, got, want in ratios
+    ]
 
 
 def run(
@@ -326,6 +333,7 @@ def run(
     request_pages: int = 16,
     repeat: int = 3,
     parent_dir: str | None = None,
+    note: str | None = None,
 ) -> dict[str, Any]:
     """Measure every figure for each named spec; returns the report."""
     unknown = [s for s in specs if s not in SPECS]
@@ -343,7 +351,7 @@ def run(
         "repeat": repeat,
         "targets": {
             "lmdb_write_vs_seq_fsync": WRITE_TARGET,
-            "lmdb_cached_read_gb_per_s": READ_TARGET_GBPS,
+            "lmdb_read_vs_file_per_page": READ_TARGET,
             "sealed_vs_clear": SEALED_TARGET,
         },
         "specs": {},
@@ -351,7 +359,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="radixcache-bench-", dir=parent_dir) as tmp:
         for name in specs:
             report["specs"][name] = _bench_spec(
-                name, SPECS[name], Path(tmp), total_mib << 20, request_pages, repeat
+                name, SPECS[name], Path(tmp), total_mib << 20, request_pages, repeat, note
             )
     return report
 
@@ -376,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             request_pages=args.request_pages,
             repeat=1 if args.quick else args.repeat,
             parent_dir=args.dir,
+            note=note,
         )
     except ValueError as exc:
         parser.error(str(exc))
