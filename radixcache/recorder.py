@@ -51,6 +51,7 @@ from radixcache.tree.node import Node
 from radixcache.tree.recording import NullRecorder, Recorder
 from radixcache.keys.page_keys import PageKeys
 from radixcache.keys.storage_ids import StorageIds
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 
 STORAGE_MEDIA: frozenset[str] = frozenset((DISK, EXTERNAL))  # media whose removals come by key
 
@@ -246,3 +247,7 @@ class EventRecorder:
             elif isinstance(r, AllBlocksCleared):
                 out.append(r)
         return out
+
+
+if native_core is not None:  # eviction records its removals in C (radixcache/native/victims.pxi)
+    native_core.bind_recorder(EventRecorder, _Removal)

@@ -2,8 +2,8 @@
 """The compiled hot loops of the request path (see ``radixcache.native``).
 
 Each function here (and in the files it includes, ``buffers.pxi``,
-``pools.pxi``, ``eviction.pxi``, ``table.pxi``, ``ids.pxi``, ``insert.pxi`` and
-``kv.pxi``: one extension module) has a pure-Python reference of the
+``pools.pxi``, ``victims.pxi``, ``eviction.pxi``, ``table.pxi``, ``ids.pxi``,
+``insert.pxi`` and ``kv.pxi``: one extension module) has a pure-Python reference of the
 same contract where it is used; the reference is what the tests hold this
 module to:
 
@@ -16,6 +16,7 @@ module to:
     drop_device     radixcache/tree/eviction.py     DeviceEviction.drop_device
     eviction_update radixcache/tree/eviction.py     DeviceEviction.update
     eviction_push   radixcache/tree/eviction.py     DeviceEviction.push
+    policy_key      radixcache/tree/policies.py     EvictionPolicy.key (the built-in four)
     common_len      radixcache/tree/radix_tree.py   RadixTree._common_len
     first_page      radixcache/tree/radix_tree.py   first_page
     concat_pages    radixcache/tree/node.py         concat_pages
@@ -364,6 +365,7 @@ def unlock(tree, Node node):
         tree.evictable_pages += freed
 
 
+include "victims.pxi"
 include "eviction.pxi"
 include "insert.pxi"
 

@@ -22,7 +22,7 @@ def eviction_push(ev, Node node not None):
     """``DeviceEviction.push``: a fresh heap entry for ``node``."""
     seq = next(ev._seq)
     node.heap_seq = seq
-    _heappush(ev.heap, tuple(ev.policy.key(node)) + (seq, node))
+    _heappush(ev.heap, tuple(_policy_key(ev.policy, node)) + (seq, node))
 
 
 def evict_loop(ev, Py_ssize_t num_pages, before_drop):
@@ -38,7 +38,7 @@ def evict_loop(ev, Py_ssize_t num_pages, before_drop):
     if len(ev.heap) > len(candidates) + 64:
         ev._rebuild_heap()  # mostly superseded entries: cheaper to start over
     heap = ev.heap
-    key = ev.policy.key
+    policy = ev.policy
     tree = ev.tree
     lower = tree.lower
     drop = ev.drop_device
@@ -48,7 +48,7 @@ def evict_loop(ev, Py_ssize_t num_pages, before_drop):
         node = entry[last]
         if entry[last - 1] != node.heap_seq or node not in candidates:
             continue  # superseded by a newer entry, or no longer a candidate
-        if key(node) != entry[:last - 1]:
+        if _policy_key(policy, node) != entry[:last - 1]:
             ev.push(node)  # touched since it was pushed
             continue
         short = num_pages - count
@@ -56,7 +56,7 @@ def evict_loop(ev, Py_ssize_t num_pages, before_drop):
             node = ev._tail_victim(node, short)
         if before_drop is not None:
             before_drop(node)
-        if node.children and not lower.resident(node) and tree.removal.held_below(node):
+        if node.children and not _resident(lower, node) and tree.removal.held_below(node):
             if skipped is None:
                 skipped = []
             skipped.append(node)  # descendants held by jobs: not now
@@ -81,7 +81,7 @@ def drop_device(ev, Node node):
     pages = node.device
     assert pages is not None and parent is not None, "drop_device on a node without pages"
     assert node.lock_ref == 0 and node.device_children == 0, "drop_device on a protected node"
-    tree.recorder.removed(node, "GPU")
+    _record_removed(tree.recorder, node, "GPU")
     node.device = None
     n = _len(pages)
     tree.device_pages -= n
@@ -91,7 +91,7 @@ def drop_device(ev, Node node):
         _sub_device(ledger, node.namespace, n)
     candidates.discard(node)
     parent.device_children -= 1
-    if not tree.lower.resident(node):  # (so it holds nothing below the device)
+    if not _resident(tree.lower, node):  # (so it holds nothing below the device)
         removal = tree.removal
         if node.children:
             for child in list(node.children.values()):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from radixcache.tree.node import Node
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 
 
 class LowerTiers(Protocol):
@@ -78,3 +79,7 @@ class NoLowerTiers:
 
     def forgotten(self, node: Node) -> None:
         pass
+
+
+if native_core is not None:  # eviction answers its ``resident`` in C (radixcache/native/victims.pxi)
+    native_core.bind_lower(NoLowerTiers)

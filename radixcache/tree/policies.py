@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from radixcache.tree.node import Node
+from radixcache.native import compiled as native_core  # None on the pure-Python path
 
 SortKey = tuple[int, ...]
 
@@ -98,3 +99,7 @@ class PriorityPolicy:
 
     def key(self, node: Node) -> SortKey:
         return (node.priority, node.last_access)
+
+
+if native_core is not None:  # eviction computes these four keys in C (radixcache/native/victims.pxi)
+    native_core.bind_policies(LRUPolicy, LFUPolicy, FIFOPolicy, PriorityPolicy)

@@ -1,0 +1,79 @@
+# Included in _core.pyx: the per-victim calls of device eviction, in C where
+# the object is one of the project's own classes (bound at import by the
+# module that defines it), and the object's own method for anything else
+# (a subclass, a test's stand-in):
+#
+#   _policy_key      EvictionPolicy.key        radixcache/tree/policies.py
+#   _resident        NoLowerTiers.resident     radixcache/tree/lower.py
+#   _record_removed  EventRecorder.removed     radixcache/recorder.py
+#
+# Each C branch is the method's body; the eviction tests hold both paths to
+# the same victims and events (tests/radixcache/native/test_victims.py).
+
+cdef object _LRU = None, _LFU = None, _FIFO = None, _PRIORITY = None
+cdef object _NO_LOWER = None
+cdef object _RECORDER = None, _REMOVAL = None
+
+
+def bind_policies(lru, lfu, fifo, priority):
+    """The four built-in policy classes (radixcache/tree/policies.py)."""
+    global _LRU, _LFU, _FIFO, _PRIORITY
+    _LRU, _LFU, _FIFO, _PRIORITY = lru, lfu, fifo, priority
+
+
+def bind_lower(no_lower):
+    """``NoLowerTiers`` (radixcache/tree/lower.py)."""
+    global _NO_LOWER
+    _NO_LOWER = no_lower
+
+
+def bind_recorder(recorder, removal):
+    """``EventRecorder`` and its removal record ``_Removal`` (radixcache/recorder.py)."""
+    global _RECORDER, _REMOVAL
+    _RECORDER, _REMOVAL = recorder, removal
+
+
+cdef inline object _policy_key(policy, Node node):
+    """``policy.key(node)``."""
+    cdef object t = type(policy)
+    if t is _LRU:
+        return (node.last_access,)
+    if t is _LFU:
+        return (node.hit_count, node.last_access)
+    if t is _PRIORITY:
+        return (node.priority, node.last_access)
+    if t is _FIFO:
+        return (node.uid,)
+    return policy.key(node)
+
+
+def policy_key(policy, Node node not None):
+    """``policy.key(node)`` as eviction computes it (tests)."""
+    return _policy_key(policy, node)
+
+
+cdef inline bint _resident(lower, Node node) except -1:
+    """``lower.resident(node)``."""
+    if type(lower) is _NO_LOWER:
+        return False
+    return bool(lower.resident(node))
+
+
+cdef int _record_removed(recorder, Node node, object medium) except -1:
+    """``recorder.removed(node, medium)``: for an ``EventRecorder``, its
+    ``removed`` and ``_remove`` (a pending removal joins the last record when
+    that is a removal on the same medium)."""
+    if type(recorder) is not _RECORDER:
+        recorder.removed(node, medium)
+        return 0
+    if node.forgotten:
+        return 0
+    item = (node.key, recorder.ids.chain_start(node))
+    cdef list records = recorder._records
+    if records:
+        last = records[len(records) - 1]
+        if type(last) is _REMOVAL and last.medium == medium:
+            last.parts.append(item)
+            return 0
+    records.append(_REMOVAL([item], medium))
+    return 0
