@@ -199,6 +199,15 @@ def ratio(t: Target, mine: float, theirs: float) -> float:
     return theirs / mine if mine else float("inf")
 
 
+def _against(
+    t: Target, runs_ours: list[dict[str, float]], runs_peer: list[dict[str, float]], key: str
+) -> tuple[float, float]:
+    """The peer's median of ``key`` over the runs, and the median of the
+    per-run ratios of ``t``'s figure against it."""
+    per_run = [ratio(t, a[t.figure], b[key]) for a, b in zip(runs_ours, runs_peer)]
+    return statistics.median(r[key] for r in runs_peer), round(statistics.median(per_run), 2)
+
+
 def table(
     runs_ours: list[dict[str, float]], runs_peer: list[dict[str, float]] | None, note: str,
     caveat: str | None = None,
@@ -213,18 +222,13 @@ def table(
         row["target"] = f"{'>=' if t.higher_is_better else '<='} {t.bound:g} {t.unit}"
         row["absolute"] = verdict(abs_ok, caveat)
         if runs_peer and t.figure in runs_peer[0]:
-            theirs = statistics.median(r[t.figure] for r in runs_peer)
-            per_run = [ratio(t, a[t.figure], b[t.figure]) for a, b in zip(runs_ours, runs_peer)]
-            row["sglang_rust"] = theirs
-            row["ratio_vs_sglang"] = round(statistics.median(per_run), 2)
+            row["sglang_rust"], row["ratio_vs_sglang"] = _against(t, runs_ours, runs_peer, t.figure)
             if t.min_ratio is not None:
                 row["ratio_target"] = f">= {t.min_ratio:g}x"
                 row["ratio"] = verdict(row["ratio_vs_sglang"] >= t.min_ratio, caveat)
             core = "core_" + t.figure
             if core in runs_peer[0]:  # the Rust core's own call alone (sglang_tree.py)
-                row["sglang_rust_core"] = statistics.median(r[core] for r in runs_peer)
-                per_run = [ratio(t, a[t.figure], b[core]) for a, b in zip(runs_ours, runs_peer)]
-                row["ratio_vs_sglang_core"] = round(statistics.median(per_run), 2)
+                row["sglang_rust_core"], row["ratio_vs_sglang_core"] = _against(t, runs_ours, runs_peer, core)
                 if t.min_ratio is not None:
                     row["ratio_core"] = verdict(row["ratio_vs_sglang_core"] >= t.min_ratio, caveat)
         elif t.min_ratio is not None:
