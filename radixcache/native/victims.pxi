@@ -12,7 +12,7 @@
 
 cdef object _LRU = None, _LFU = None, _FIFO = None, _PRIORITY = None
 cdef object _NO_LOWER = None
-cdef object _RECORDER = None, _REMOVAL = None
+cdef object _RECORDER = None
 
 
 def bind_policies(lru, lfu, fifo, priority):
@@ -27,10 +27,10 @@ def bind_lower(no_lower):
     _NO_LOWER = no_lower
 
 
-def bind_recorder(recorder, removal):
-    """``EventRecorder`` and its removal record ``_Removal`` (radixcache/recorder.py)."""
-    global _RECORDER, _REMOVAL
-    _RECORDER, _REMOVAL = recorder, removal
+def bind_recorder(recorder):
+    """``EventRecorder`` (radixcache/recorder.py)."""
+    global _RECORDER
+    _RECORDER = recorder
 
 
 cdef inline object _policy_key(policy, Node node):
@@ -60,20 +60,12 @@ cdef inline bint _resident(lower, Node node) except -1:
 
 
 cdef int _record_removed(recorder, Node node, object medium) except -1:
-    """``recorder.removed(node, medium)``: for an ``EventRecorder``, its
-    ``removed`` and ``_remove`` (a pending removal joins the last record when
-    that is a removal on the same medium)."""
+    """``recorder.removed(node, medium)``: for an ``EventRecorder``, that
+    method's body, handing the pending removal to its ``_remove`` (which
+    joins it to the last record when that is a removal on the same medium)."""
     if type(recorder) is not _RECORDER:
         recorder.removed(node, medium)
         return 0
-    if node.forgotten:
-        return 0
-    item = (node.key, recorder.ids.chain_start(node))
-    cdef list records = recorder._records
-    if records:
-        last = records[len(records) - 1]
-        if type(last) is _REMOVAL and last.medium == medium:
-            last.parts.append(item)
-            return 0
-    records.append(_REMOVAL([item], medium))
+    if not node.forgotten:
+        recorder._remove((node.key, recorder.ids.chain_start(node)), medium)
     return 0
