@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from radixcache.offload.storage.checks import positive_float, positive_int
 from radixcache.offload.storage.contract import Clock
+from radixcache.offload.lmdb.slots import slot_size
 from radixcache.offload.lmdb.quotas import UNLIMITED, ByteQuota, TenantKey, check_quotas
 from radixcache.offload.storage.crypt import KeySource
 
@@ -84,6 +85,10 @@ class StorageConfig:
     # How often a timer looks for expired records to sweep when nothing is
     # written (every write sweeps anyway); None: only writes and reads sweep.
     sweep_interval_s: float | None = 5.0
+    # Pages of at least this many bytes keep their KV bytes in the slot file
+    # beside LMDB's (offload/lmdb/slots.py: one write from the host page, none
+    # through LMDB's memory map); smaller pages, and all when None, inside LMDB.
+    slot_min_page_bytes: int | None = 64 << 10
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
@@ -119,6 +124,8 @@ class StorageConfig:
             )
         if self.sweep_interval_s is not None:
             positive_float("sweep_interval_s", self.sweep_interval_s)
+        if self.slot_min_page_bytes is not None:
+            positive_int("slot_min_page_bytes", self.slot_min_page_bytes)
         if not callable(self.clock):
             raise TypeError(f"clock must be a callable returning seconds, got {self.clock!r}")
         KeySource(self.key_file, self.key_env)  # validates them
@@ -134,6 +141,13 @@ class StorageConfig:
     def keys(self) -> KeySource:
         """Where the store's master keys come from (none: records in the clear)."""
         return KeySource(self.key_file, self.key_env)
+
+    def slot_bytes(self, page_bytes: int) -> int | None:
+        """The slot size for pages of ``page_bytes`` (None: stored inside LMDB)."""
+        least = self.slot_min_page_bytes
+        if least is None or page_bytes < least:
+            return None
+        return slot_size(page_bytes, sealed=self.keys.enabled)
 
     @property
     def map_size(self) -> int:

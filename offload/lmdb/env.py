@@ -8,8 +8,10 @@ fingerprint the store was last written for (records of another one never hit
 and age out), loads the namespace tag -> tenant map (offload/lmdb/txn.py)
 (tenant ids: offload/lmdb/quotas.py) and rebuilds the recency index from the records' write sequence numbers,
 each record under its tenant, and loads the records' retention deadlines and
-the namespaces' tags (offload/lmdb/retention.py). The reader, the writer and the storage share it; ``close`` gives
-the environment and the lock back (after they stopped).
+the namespaces' tags (offload/lmdb/retention.py), and opens the slot file
+(offload/lmdb/slots.py) with its free slots derived from the records. The
+reader, the writer and the storage share it; ``close`` gives the environment,
+the slot file and the lock back (after they stopped).
 
 The owner lock is an ``flock`` on ``radixcache.lock``, which belongs to the
 open file description: a child that ``fork()`` made shares it, and the lock
@@ -36,6 +38,7 @@ from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.index import RecencyIndex
 from radixcache.offload.lmdb.quotas import SECRET_BYTES, TenantKey
 from radixcache.offload.lmdb.retention import Deadlines, TagBook, decode_deadline
+from radixcache.offload.lmdb.slots import META_KEY, SlotFile, unwrap
 from radixcache.offload.lmdb.space import MapGate, grow_map
 from radixcache.offload.storage import ModelFingerprint, StorageOpenError
 from radixcache.offload.storage import record as rec
@@ -50,7 +53,11 @@ class LmdbEnv:
     """One store directory, opened (see the module docstring). Raises
     ``StorageOpenError`` when it cannot be opened, holding nothing then."""
 
-    def __init__(self, config: StorageConfig, fingerprint: ModelFingerprint) -> None:
+    def __init__(
+        self, config: StorageConfig, fingerprint: ModelFingerprint, slot_bytes: int | None = None
+    ) -> None:
+        """``slot_bytes``: the slot size a new slot file gets (None: this run
+        writes no record into slots; an existing slot file is still read)."""
         self.path = os.path.abspath(os.fspath(config.path))
         self.lock_fd = self._lock_directory()
         on_fork_in_child(self, _drop_lock_in_child)
@@ -65,6 +72,9 @@ class LmdbEnv:
         self.tenant_secret = b""  # the key of tenant ids (offload/lmdb/quotas.py), from meta
         self.deadlines = Deadlines()  # record key -> retention deadline (expiry db)
         self.tag_book = TagBook()  # namespace tag -> its tags (tags db)
+        self.slots: SlotFile | None = None  # the records' KV bytes outside the map
+        self._slot_bytes = slot_bytes
+        self._used_slots: list[int] = []  # slots the records name (at open)
         try:
             self.pages = self.env.open_db(b"pages")  # record key -> record
             self.ns = self.env.open_db(b"ns", dupsort=True)  # namespace tag -> record keys
@@ -77,6 +87,7 @@ class LmdbEnv:
             except lmdb.MapFullError:  # reopened with a smaller map than the data needs
                 grow_map(self.env, self.gate)
                 self.next_seq = self._load(fingerprint)
+            self._open_slots()
         except lmdb.Error as exc:
             self.close()
             raise StorageOpenError(f"cannot open the LMDB store in {self.path!r}: {exc}") from exc
@@ -89,11 +100,18 @@ class LmdbEnv:
         """Every named database (for page accounting)."""
         return (self.pages, self.ns, self.meta, self.tenants, self.expiry, self.tags)
 
+    @property
+    def writes_slots(self) -> bool:
+        """New records keep their KV bytes in the slot file (when they fit)."""
+        return self.slots is not None and self._slot_bytes is not None
+
     def close(self) -> None:
         """Close the environment and give the owner lock back (in a forked
         child: nothing, both are the parent's)."""
         if self.lock_fd < 0:
             return
+        if self.slots is not None:
+            self.slots.close()
         self.env.close()
         os.close(self.lock_fd)
         self.lock_fd = -1
@@ -171,11 +189,17 @@ class LmdbEnv:
             tags = self.tag_tenant
             for tag_key, tid in txn.cursor(db=self.tenants):
                 tags[bytes(tag_key)] = decode_tenant(tid)
+            used = self._used_slots
             for key, value in txn.cursor(db=self.pages):
-                seq = rec.read_seq(value)
-                ns_tag = rec.read_namespace_tag(value)
+                parts = unwrap(value)  # None: the record inline; else its lead, slot, tail
+                head, size = value, len(value)
+                if parts is not None:
+                    head, size = parts[0], len(parts[0]) + parts[2]
+                    used.append(parts[1])
+                seq = rec.read_seq(head)
+                ns_tag = rec.read_namespace_tag(head)
                 owner = None if ns_tag is None else tags.get(ns_tag)
-                entries.append((-1 if seq is None else seq, bytes(key), len(value), owner))
+                entries.append((-1 if seq is None else seq, bytes(key), size, owner))
                 foreign += not bytes(key).startswith(prefix)
             self._load_retention(txn, {key for _seq, key, _size, _t in entries})
         self.index.load(entries)
@@ -188,6 +212,26 @@ class LmdbEnv:
             )
         return max((seq for seq, _k, _s, _t in entries), default=-1) + 1
 
+    def _open_slots(self) -> None:
+        """Open the slot file when this run writes slots or records name
+        some; its slot size is the one it was created with (meta)."""
+        with self.env.begin(write=True, db=self.meta) as txn:
+            kept = txn.get(META_KEY)
+            if kept is None and self._slot_bytes is None and not self._used_slots:
+                return
+            size = self._slot_bytes if kept is None else int.from_bytes(kept, "little")
+            if size is None or size <= 0:
+                raise StorageOpenError(f"the slot size kept in {self.path!r} is not valid: {size}")
+            if kept is None:
+                txn.put(META_KEY, size.to_bytes(8, "little"))
+        try:
+            self.slots = SlotFile(self.path, size)
+        except OSError as exc:
+            raise StorageOpenError(
+                exc.errno, f"cannot open the slot file of {self.path!r}: {exc.strerror or exc}"
+            ) from exc
+        self.slots.load(self._used_slots)
+        self._used_slots = []
 
     def _load_retention(self, txn: lmdb.Transaction, stored: set[bytes]) -> None:
         """Load the records' deadlines and the namespaces' tags. A deadline

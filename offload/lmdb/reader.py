@@ -12,6 +12,13 @@ A record past its retention deadline (offload/lmdb/retention.py) is a miss,
 like a record not stored: the read stops there, and asks the writer for a
 sweep, which removes it (and announces the removal).
 
+A record whose KV bytes lie in the slot file (offload/lmdb/slots.py) is read
+in two parts: its lead from the map, its tail straight from the slot into
+the host page (copied out of the mapped slot file and summed in one pass,
+as from LMDB's map), verified with the lead. The read
+registers with the slot file for as long as its transaction lasts, so no
+slot its snapshot names is written meanwhile.
+
 A record that cannot be authenticated (encryption at rest) is deleted like
 a corrupt one: the store is this engine's alone (``delete_unreadable``).
 
@@ -24,13 +31,16 @@ LMDB error fails the ticket (the base's default).
 from __future__ import annotations
 
 from collections.abc import Generator
+from contextlib import nullcontext
 
 import numpy as np
 import numpy.typing as npt
 
 from radixcache.offload.lmdb.env import LmdbEnv
+from radixcache.offload.lmdb.slots import unwrap
 from radixcache.offload.lmdb.writer import LmdbWriter
 from radixcache.offload.storage import PageReader, ReadJob, StoredValue
+from radixcache.offload.storage.reader import Page
 from radixcache.offload.storage.contract import Clock
 
 
@@ -50,6 +60,7 @@ class LmdbReader(PageReader):
         self._deadlines = store.deadlines  # retention: expired records are misses
         self._clock = clock  # what deadlines are compared with
         self._lmdb_writer = writer  # sweeps expired records
+        self._slots = store.slots  # the records' KV bytes outside the map (may be None)
 
     def _values(
         self, job: ReadJob, host_bytes: npt.NDArray[np.uint8]
@@ -60,7 +71,8 @@ class LmdbReader(PageReader):
         at = self._deadlines.at
         dated = [at(rkey) for rkey in job.keys] if len(self._deadlines) else None
         now: float | None = None  # the clock, read once, when a record has a deadline
-        with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
+        slots = nullcontext() if self._slots is None else self._slots.reading()
+        with slots, self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
             for i, rkey in enumerate(job.keys):
                 deadline = None if dated is None else dated[i]
                 if deadline is not None:
@@ -70,6 +82,18 @@ class LmdbReader(PageReader):
                         yield None  # a miss: the read stops here
                         return
                 yield txn.get(rkey)
+
+    def _verify(self, value: StoredValue, dst: Page, job: ReadJob, i: int) -> bool:
+        parts = None if value is None else unwrap(value)
+        if parts is None:
+            return super()._verify(value, dst, job, i)
+        lead, slot, tail = parts
+        view = None if self._slots is None else self._slots.view(slot, tail)
+        if view is None:
+            return False  # larger than a slot, or the slot file ends short
+        return job.framing.read_split_into(
+            lead, view, key=job.keys[i], ns_tag=job.ns_tag, tokens=job.token_row(i), dst=dst
+        )
 
     def _served(self, keys: list[bytes]) -> None:
         self._index.touch(keys)

@@ -2,17 +2,21 @@
 
 Layout of the environment (one directory, six named databases)::
 
-    pages : record key (8 B fingerprint + page key) -> record value   (format: offload/storage/record.py)
+    pages : record key (8 B fingerprint + page key) -> record value   (format: offload/storage/record.py),
+            or an envelope naming the slot of kv.slots that holds its KV bytes (offload/lmdb/slots.py)
     ns    : namespace tag (16 B) -> record keys  (dupsort: the namespace index)
     meta  : b"fingerprint" -> fingerprint text   (of the last process to open it)
             b"tick" -> counter                   (commits that only advance the txn id)
             b"tenant-secret" -> 32 B              (the key of tenant ids: offload/lmdb/quotas.py)
+            b"slot-bytes" -> 8 B                  (the slot size of kv.slots, once it exists)
     tenants : namespace tag (16 B) -> tenant id  (per-tenant quotas: offload/lmdb/txn.py)
     expiry  : record key -> retention deadline   (offload/lmdb/retention.py)
     tags    : tag -> namespace tags (dupsort)    (invalidate_tag: the same)
 
 plus ``radixcache.lock``, an advisory lock held by the one process that has
-the store open: the index and the capacity accounting live in that process.
+the store open: the index and the capacity accounting live in that process;
+and, where pages are at least ``StorageConfig.slot_min_page_bytes``,
+``kv.slots``: the records' KV bytes in fixed-size slots (offload/lmdb/slots.py).
 
 Threads::
 
@@ -32,7 +36,12 @@ that (B-tree pages, copy-on-write and free-list headroom); if it still fills
 up (``MapFullError``), the writer evicts more and retries, and grows the map
 (50%) when the map is too full even to delete.
 
-Write path: the environment is opened with ``writemap=True``, so a put copies
+Write path, slot file: a record of a large page is written as one ``pwrite``
+of its KV bytes straight from the host page into a slot, synced before the
+commit that puts the rest of the record (its lead) into LMDB, which never
+copies the KV bytes through its map (offload/lmdb/slots.py).
+
+Write path, inline: the environment is opened with ``writemap=True``, so a put copies
 the record once, straight into the memory map, and a commit flushes the map
 (msync) rather than writing malloc'd copies of every page (measured here at
 2 MiB pages: 0.21 s instead of 0.31 s for 256 MiB, against 0.135 s for an
@@ -61,6 +70,7 @@ import numpy as np
 from radixcache.events.types import DISK, Medium
 from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.env import LmdbEnv
+from radixcache.offload.lmdb.slots import record_parts, stored_size, unwrap
 from radixcache.offload.lmdb.quotas import (
     UNLIMITED,
     ByteQuota,
@@ -111,7 +121,8 @@ class LmdbStorage(StorageBase):
     def __init__(self, config: StorageConfig, spec: KVSpec, fingerprint: ModelFingerprint) -> None:
         super().__init__(spec, fingerprint, config.keys)  # keys first: a bad key opens nothing
         self.config = config
-        store = LmdbEnv(config, fingerprint)  # the directory, locked; raises StorageOpenError
+        # the directory, locked; raises StorageOpenError
+        store = LmdbEnv(config, fingerprint, config.slot_bytes(spec.page_bytes))
         self._store = store
         self.path = store.path
         self._prefix = self._digest  # record-key prefix (invariant 8)
@@ -219,7 +230,8 @@ class LmdbStorage(StorageBase):
                 deadline = dated.get(bytes(key))
                 if deadline is not None and deadline <= now:
                     continue  # never served: not announced either
-                meta = self.codec.read_meta(value)
+                head, tail = record_parts(value)
+                meta = self.codec.read_meta(head, tail)
                 if meta is not None and meta.key == bytes(key):
                     yield dataclasses.replace(meta, key=meta.key[cut:])
 
@@ -234,9 +246,13 @@ class LmdbStorage(StorageBase):
         with self._gate.reading(), self._env.begin(db=self._pages, buffers=True) as txn:
             for full, alive in zip(rkeys, live):
                 value = txn.get(full) if alive else None
-                meta = None if value is None else self.codec.read_meta(value)
+                if value is None:
+                    out.append(None)
+                    continue
+                head, tail = record_parts(value)
+                meta = self.codec.read_meta(head, tail)
                 ok = meta is not None and meta.key == full and not meta.raw
-                out.append(self.codec.read_tokens(value) if ok and value is not None else None)
+                out.append(self.codec.read_tokens(head, tail) if ok else None)
         return out
 
     def _sizes(self) -> StoreSizes:
@@ -287,8 +303,18 @@ class LmdbStorage(StorageBase):
 
     def _check_integrity(self) -> None:
         self._index.check_integrity()
+        named: list[int] = []  # the slots the records name
+        stored: dict[bytes, int] = {}
         with self._env.begin(buffers=True) as txn:
-            stored = {bytes(k): len(v) for k, v in txn.cursor(db=self._pages)}
+            for k, v in txn.cursor(db=self._pages):
+                stored[bytes(k)] = stored_size(v)
+                parts = unwrap(v)
+                if parts is not None:
+                    named.append(parts[1])
+        assert len(named) == len(set(named)), "two records name one slot"
+        slots = self._store.slots
+        assert slots is not None or not named, "records name slots, and no slot file is open"
+        assert slots is None or not set(named) & slots.idle(), "a slot a record names is free"
         assert len(stored) == len(self._index), (
             f"{len(stored)} records, index has {len(self._index)}"
         )

@@ -28,9 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import lmdb
+import numpy as np
+import numpy.typing as npt
 
 from radixcache.offload.lmdb.env import LmdbEnv, encode_tenant
 from radixcache.offload.lmdb.quotas import TenantCounters, TenantKey, tenant_id
+from radixcache.offload.lmdb.slots import record_view, slot_body, stored_size, unwrap, wrap
 from radixcache.offload.lmdb.retention import TagJob, TagPair, encode_deadline, tag_key
 from radixcache.offload.storage import ForgetJob, PutJob
 from radixcache.offload.storage import record as rec
@@ -58,6 +61,8 @@ class TxnEffects:
     dropped_pages: dict[TenantKey, int] = field(default_factory=dict)  # put pages not written
     deadlines: dict[bytes, float] = field(default_factory=dict)  # new records' deadlines
     tag_changes: dict[TagPair, bool] = field(default_factory=dict)  # (tag, ns) pairs: added?
+    taken: list[int] = field(default_factory=list)  # slots written (given back on abort)
+    freed_slots: list[int] = field(default_factory=list)  # slots of records removed
 
     def count(self, counts: dict[TenantKey, int], tenant: TenantKey, n: int = 1) -> None:
         """Add ``n`` to ``tenant``'s entry of ``counts`` (one of the dicts above)."""
@@ -81,7 +86,8 @@ class TxnBody:
         self._deadlines = store.deadlines  # ... in memory; changed by the writer after a commit
         self._tag_book = store.tag_book  # namespace tag -> tags, likewise
         self._next_seq = next_seq  # write sequence number of the next record
-        self._staging = bytearray(0)  # each record is built here, then put (reused)
+        self._staging = bytearray(0)  # each inline record is built here, then put (reused)
+        self._slots = store.slots if store.writes_slots else None  # KV bytes outside the map
         self._ticks = 0  # commits made only to advance LMDB's transaction id
 
     def tenant_of(self, job: PutJob) -> TenantKey:
@@ -123,28 +129,51 @@ class TxnBody:
                 # no room left, even after evicting every older record it may
                 effects.count(effects.dropped_pages, tenant, len(job.keys) - i)
                 break
-            if len(self._staging) != size:
-                self._staging = bytearray(size)
-            value = self._staging
-            job.encode_into(value, i, self._next_seq, host_bytes[job.host_pages[i]])
-            self._next_seq += 1
-            if txn.put(rkey, value, overwrite=False, db=self._pages):  # LMDB copies it
+            kv = host_bytes[job.host_pages[i]]
+            slots = self._slots
+            if slots is not None and slot_body(job) <= slots.slot_bytes:
+                existing = txn.get(rkey, db=self._pages)
+                if existing is None:  # the KV bytes into a slot, the rest into LMDB
+                    txn.put(rkey, self._slotted(job, i, kv, effects), db=self._pages)
+            else:
+                if len(self._staging) != size:
+                    self._staging = bytearray(size)
+                job.encode_into(self._staging, i, self._next_seq, kv)
+                self._next_seq += 1
+                existing = None
+                if not txn.put(rkey, self._staging, overwrite=False, db=self._pages):
+                    existing = txn.get(rkey, db=self._pages)  # (LMDB copied the new one)
+                    assert existing is not None, "put(overwrite=False) refused a missing key"
+            if existing is None:
                 txn.put(job.ns_tag, rkey, db=self._ns)
                 if deadline is not None:
                     txn.put(rkey, encode_deadline(deadline), db=self._expiry)
                     effects.deadlines[rkey] = deadline
-                effects.added[rkey] = (len(value), tenant)
+                effects.added[rkey] = (size, tenant)
                 effects.written += 1
-                budget -= len(value)
+                budget -= size
                 if tenant in limits:
-                    limits[tenant] -= len(value)
+                    limits[tenant] -= size
             else:  # on disk but not in the index: written by another process
-                existing = txn.get(rkey, db=self._pages)
-                assert existing is not None, "put(overwrite=False) refused a missing key"
-                effects.added[rkey] = (len(existing), tenant)
+                effects.added[rkey] = (stored_size(existing), tenant)
                 effects.skipped += 1
             job.result += 1
         return budget
+
+    def _slotted(
+        self, job: PutJob, i: int, kv: npt.NDArray[np.uint8], effects: TxnEffects
+    ) -> bytes:
+        """Write page ``i``'s record: its body (the KV bytes, straight from
+        the page; sealed: their ciphertext and tag) into a new slot; returns
+        the envelope of its head, for LMDB (offload/lmdb/slots.py)."""
+        assert self._slots is not None
+        head, body = job.encode_parts(i, self._next_seq, kv)
+        self._next_seq += 1
+        view = memoryview(body).cast("B")
+        slot = self._slots.take()
+        effects.taken.append(slot)
+        self._slots.write(slot, [view])
+        return wrap(slot, len(view), head)
 
     def _tenant(self, txn: Txn, job: PutJob, effects: TxnEffects) -> TenantKey:
         """The tenant id of the job's namespace, recording it in ``txn`` if new."""
@@ -207,7 +236,10 @@ class TxnBody:
         value = txn.get(rkey, db=self._pages)
         if value is None:
             return False
-        tag = rec.read_namespace_tag(value)  # a copy: value dies with the next write
+        parts = unwrap(value)
+        if parts is not None:
+            effects.freed_slots.append(parts[1])
+        tag = rec.read_namespace_tag(record_view(value))  # a copy: value dies with the next write
         effects.freed += len(value)
         txn.delete(rkey, db=self._pages)
         if tag is not None:

@@ -13,6 +13,7 @@ offload/storage/contract.py)::
     commit -> index updated -> tickets finished -> removed keys published
 
 so a key's removal is published only after the ticket that stored it finished.
+A step that writes slots syncs them before its commit (offload/lmdb/slots.py).
 
 Room: records beyond ``capacity_bytes`` are evicted, least recently used
 first, in the same transaction that adds new ones. A full LMDB map or a nearly
@@ -47,7 +48,8 @@ from radixcache.offload.lmdb.config import StorageConfig
 from radixcache.offload.lmdb.env import LmdbEnv
 from radixcache.offload.lmdb.quotas import UNLIMITED, ByteQuota, TenantCounters, TenantKey
 from radixcache.offload.lmdb.retention import QuotaJob, SweepJob
-from radixcache.offload.lmdb.space import DiskReserve, disk_room, grow_map, preallocate
+from radixcache.offload.lmdb.space import DiskReserve, disk_room, grow_map, lapsed, preallocate
+from radixcache.offload.lmdb.space import incoming_by_tenant, put_bytes, put_keys, slot_demand
 from radixcache.offload.lmdb.txn import Txn, TxnBody, TxnEffects
 from radixcache.offload.storage import (
     Counters,
@@ -83,6 +85,8 @@ class LmdbWriter(JobWriter):
         self._dbs = store.dbs  # every named database (for page accounting)
         self._gate = store.gate  # readers hold it shared; a map resize takes it alone
         self._index = store.index
+        self._slots = store.slots  # the records' KV bytes outside the map (may be None)
+        self._slot_writes = store.writes_slots  # new records go there (when they fit)
         self.tenant_counters = TenantCounters()  # quota evictions, dropped pages, per tenant id
         self._body = TxnBody(store, next_seq=store.next_seq, counters=self.tenant_counters)
         self._reserve = DiskReserve(config.disk_reserve_bytes, config.disk_reserve_ratio)
@@ -172,6 +176,8 @@ class LmdbWriter(JobWriter):
     def _publish(self, effects: TxnEffects, batch: list[WriteJob]) -> None:
         """Make a committed transaction visible (see the order in the module doc)."""
         self._last_freed = effects.freed
+        if self._slots is not None:
+            self._slots.committed(effects.freed_slots)
         for tag in effects.untagged:
             self._tag_tenant.pop(tag, None)
         self._tag_tenant.update(effects.tagged)
@@ -216,8 +222,8 @@ class LmdbWriter(JobWriter):
                 return self._commit(batch)
             except lmdb.MapFullError:
                 self._counters.add(map_full=1)
-                keep = _put_keys(batch)
-                self._evict_for_room(max(_put_bytes(batch), self._index.nbytes // 10), keep)
+                keep = put_keys(batch)
+                self._evict_for_room(max(put_bytes(batch), self._index.nbytes // 10), keep)
         raise StorageError(
             f"the LMDB map is still full after {_MAP_FULL_RETRIES} rounds of eviction"
         )
@@ -226,10 +232,11 @@ class LmdbWriter(JobWriter):
         """Refuse (fail the batch) rather than let a write into the sparse,
         memory-mapped data file meet a full disk: that is a SIGBUS, not an
         error. Evicts least recently used records first if that makes room."""
-        keep = _put_keys(batch)
-        incoming = self._incoming(batch)
-        if not incoming:
+        keep = put_keys(batch)
+        into_map, new_slots = self._incoming_split(batch)
+        if not into_map and not new_slots:
             return
+        incoming = into_map + self._growth(new_slots)
         reserve = self._reserve.bytes(self._path)
         room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
         evicted = 0
@@ -237,6 +244,7 @@ class LmdbWriter(JobWriter):
         victims = self._index.oldest(short, keep, self._floor) if short > 0 else []
         if short > 0 and sum(size for _k, size in victims) >= short:
             evicted = self._evict_for_room(short, keep)
+            incoming = into_map + self._growth(new_slots)  # evicted slots are free again
             room = disk_room(self._env, self._path, self._dbs, reserve) - self._last_freed
         if room < incoming and self._last_freed:
             # Pages the last commit freed become reusable after one more commit.
@@ -249,15 +257,25 @@ class LmdbWriter(JobWriter):
                 f"free disk are kept in reserve ({self._reserve.describe()})"
             )
         try:
-            preallocate(self._data_fd, self._env, incoming)
+            preallocate(self._data_fd, self._env, into_map)
         except OSError as exc:
             raise StorageError(
                 f"cannot reserve {incoming} B on the disk of {self._path!r}: {exc}"
             ) from exc
 
-    def _incoming(self, batch: list[WriteJob]) -> int:
-        """Bytes of the records a batch would add (keys not stored yet)."""
-        return sum(self._incoming_by_tenant(batch).values())
+    def _incoming_split(self, batch: list[WriteJob]) -> tuple[int, int]:
+        """(bytes into LMDB's map, new slots) of the records a batch would add
+        (keys not stored yet): a record whose KV bytes go into a slot puts
+        only its lead and envelope into the map."""
+        into_map = sum(self._incoming_by_tenant(batch).values())
+        if self._slots is None or not self._slot_writes:
+            return into_map, 0
+        tails, count = slot_demand(batch, self._index, self._slots.slot_bytes)
+        return into_map - tails, count
+
+    def _growth(self, new_slots: int) -> int:
+        """Bytes the slot file grows by to hold ``new_slots`` more slots."""
+        return 0 if self._slots is None else self._slots.growth(new_slots)
 
     def _evict_for_room(self, need: int, keep: set[bytes]) -> int:
         """Evict least recently used records (not in ``keep``) worth ``need``
@@ -304,8 +322,8 @@ class LmdbWriter(JobWriter):
         floor = self._floor
         if floor is not None and expiring:  # floors count what stays after the sweep
             floor = lambda t, f=floor: f(t) + expiring.get(t, 0)  # noqa: E731
-        live = [job for job in batch if not (isinstance(job, PutJob) and _lapsed(job, now))]
-        keep = _put_keys(live)
+        live = [job for job in batch if not (isinstance(job, PutJob) and lapsed(job, now))]
+        keep = put_keys(live)
         own, limits = self._limit_victims(live, keep, expired, expiring)
         incoming = sum(
             min(n, limits[t]) if t in limits else n
@@ -348,8 +366,12 @@ class LmdbWriter(JobWriter):
                         effects.deleted += job.result
                 else:
                     body.forget(txn, job, effects)
+            if self._slots is not None:
+                self._slots.sync()  # the slots' bytes before the commit naming them
         except BaseException:
             txn.abort()
+            if self._slots is not None:
+                self._slots.give_back(effects.taken)  # named by nothing committed
             raise
         txn.commit()
         for job in batch:
@@ -389,28 +411,4 @@ class LmdbWriter(JobWriter):
     ) -> dict[TenantKey, int]:
         """Bytes of the records a batch would add (keys not stored yet, or
         in ``gone``: removed first), per tenant."""
-        seen: set[bytes] = set()
-        totals: dict[TenantKey, int] = {}
-        for job in batch:
-            if isinstance(job, PutJob):
-                tenant = self._body.tenant_of(job)
-                for i, rkey in enumerate(job.keys):
-                    if (rkey not in self._index or rkey in gone) and rkey not in seen:
-                        seen.add(rkey)
-                        totals[tenant] = totals.get(tenant, 0) + job.record_bytes(i)
-        return totals
-
-
-def _lapsed(job: PutJob, now: float) -> bool:
-    """True if the put's retention deadline is already past: it writes nothing."""
-    return job.meta is not None and job.meta.expires_at is not None and job.meta.expires_at <= now
-
-
-def _put_bytes(batch: list[WriteJob]) -> int:
-    return sum(
-        job.record_bytes(i) for job in batch if isinstance(job, PutJob) for i in range(len(job.keys))
-    )
-
-
-def _put_keys(batch: list[WriteJob]) -> set[bytes]:
-    return {rkey for job in batch if isinstance(job, PutJob) for rkey in job.keys}
+        return incoming_by_tenant(batch, self._index, self._body.tenant_of, gone)

@@ -209,11 +209,6 @@ def _write_head(
     return zlib.crc32(head[_COVERED:])
 
 
-def _header(value: memoryview | bytes) -> tuple[int, ...] | None:
-    """The header fields of a record of a version this code reads, else None."""
-    return parse_header(value)
-
-
 def parse_header(value: memoryview | bytes) -> tuple[int, ...] | None:
     """The header fields (``HEADER``'s order) of a record of a version this
     code reads, whatever its flags, else None."""
@@ -252,17 +247,30 @@ def read_into(
     its checksum matches the copy in ``dst``. On False, ``dst`` may already
     have been overwritten.
     """
-    h = _header(value)
-    if h is None:
-        return False
     kv_at = len(value) - dst.size  # the head ends where the KV bytes begin
-    if kv_at < HEADER.size or not _head_matches(value[:kv_at], h, key, ns_tag, tokens, dst.size):
+    if kv_at < HEADER.size:
+        return False
+    view = memoryview(value)
+    return read_split_into(view[:kv_at], view[kv_at:], key=key, ns_tag=ns_tag, tokens=tokens, dst=dst)
+
+
+def read_split_into(
+    head: bytes | memoryview, tail: memoryview, *, key: bytes, ns_tag: bytes | None,
+    tokens: npt.NDArray[np.int32] | None, dst: npt.NDArray[np.uint8],
+) -> bool:  # fmt: skip
+    """``read_into`` for a record kept in two places: ``head`` (every byte
+    before the KV bytes) and ``tail`` (the KV bytes, e.g. a view of a mapped
+    file), copied into ``dst`` and summed in one pass. Same checks."""
+    h = parse_header(head)
+    if h is None or len(tail) != dst.size:
+        return False
+    if not _head_matches(head, h, key, ns_tag, tokens, dst.size):
         return False
     if h[1] == VERSION_CRC32:  # (an older record: the copy, then its crc32)
-        np.copyto(dst.reshape(-1), np.frombuffer(value, dtype=np.uint8, offset=kv_at))
-        return _checksum_matches(h, memoryview(value)[:kv_at], dst)
-    covered = zlib.crc32(memoryview(value)[_COVERED:kv_at])
-    return copy_checksum(value, kv_at, dst, covered) == h[3]  # (copied and summed in one pass)
+        np.copyto(dst.reshape(-1), np.frombuffer(tail, dtype=np.uint8))
+        return _checksum_matches(h, head, dst)
+    covered = zlib.crc32(memoryview(head)[_COVERED:])
+    return copy_checksum(tail, 0, dst, covered) == h[3]  # (copied and summed in one pass)
 
 
 def _head_matches(
@@ -296,7 +304,7 @@ def _head_matches(
 def read_meta(value: memoryview | bytes) -> RecordMeta | None:
     """The header fields of a record (no KV bytes read), or None if ``value``
     is not a record of a version this code reads."""
-    h = _header(value)
+    h = parse_header(value)
     if h is None:
         return None
     _m, _v, flags, _crc, count, kv_bytes, seq, tag, bid, pid, depth, klen, ilen = h
@@ -319,7 +327,7 @@ def read_meta(value: memoryview | bytes) -> RecordMeta | None:
 
 def read_tokens(value: memoryview | bytes) -> npt.NDArray[np.int32]:
     """A copy of a record's token ids (empty for a raw page or a non-record)."""
-    h = _header(value)
+    h = parse_header(value)
     if h is None:
         return np.empty(0, dtype=np.int32)
     count, klen, ilen = h[4], h[11], h[12]
@@ -329,13 +337,13 @@ def read_tokens(value: memoryview | bytes) -> npt.NDArray[np.int32]:
 
 def read_seq(value: memoryview | bytes) -> int | None:
     """The write sequence number of a record, or None if it is not a record."""
-    h = _header(value)
+    h = parse_header(value)
     return None if h is None else h[6]
 
 
 def read_namespace_tag(value: memoryview | bytes) -> bytes | None:
     """The namespace tag of a record (a copy), or None if it is not a record."""
-    h = _header(value)
+    h = parse_header(value)
     return None if h is None else bytes(h[7])
 
 
@@ -399,17 +407,13 @@ def late_head(**fields: Any) -> LateChecksum:
 
 
 def verify_parts(
-    head: bytes | memoryview,
-    kv: npt.NDArray[np.uint8],
-    *,
-    key: bytes,
-    ns_tag: bytes | None,
+    head: bytes | memoryview, kv: npt.NDArray[np.uint8], *, key: bytes, ns_tag: bytes | None,
     tokens: npt.NDArray[np.int32] | None,
-) -> bool:
+) -> bool:  # fmt: skip
     """``read_into`` for a record already read in two parts, where they belong:
     ``head`` (every byte before the KV bytes) and ``kv`` (the KV bytes, e.g.
     received straight into a host page). Same checks, no copy."""
-    h = _header(head)
+    h = parse_header(head)
     if h is None or not _head_matches(head, h, key, ns_tag, tokens, kv.size):
         return False
     return _checksum_matches(h, head, kv)

@@ -90,6 +90,17 @@ class Framing(Protocol):
         ...
 
 
+    def read_split_into(
+        self, head: Bytes, tail: memoryview, *, key: bytes, ns_tag: bytes | None,
+        tokens: npt.NDArray[np.int32] | None, dst: npt.NDArray[np.uint8],
+    ) -> bool:
+        """A record kept in two places: ``head`` its first bytes, ``tail``
+        (e.g. a view of a mapped file) its last ``dst.size`` bytes. True when
+        it verifies and ``dst`` then holds the page's KV bytes; raises
+        ``Unreadable``."""
+        ...
+
+
 class RecordCodec(Framing, Protocol):
     """A store's way of framing records (framing the default tenant's
     itself); ``framing(tenant)`` binds a tenant."""
@@ -98,13 +109,15 @@ class RecordCodec(Framing, Protocol):
         """The framing of ``tenant``'s records (None: the default tenant)."""
         ...
 
-    def read_meta(self, value: Bytes) -> RecordMeta | None:
+    def read_meta(self, value: Bytes, tail: int = 0) -> RecordMeta | None:
         """``record.read_meta`` with the info readable; None for a record this
-        codec cannot read (no KV bytes are read)."""
+        codec cannot read (no KV bytes are read). ``tail``: bytes at the end
+        of the record that ``value`` lacks (kept apart, e.g. in a slot)."""
         ...
 
-    def read_tokens(self, value: Bytes) -> npt.NDArray[np.int32] | None:
-        """The token ids of a record (empty for a raw page); None when unreadable."""
+    def read_tokens(self, value: Bytes, tail: int = 0) -> npt.NDArray[np.int32] | None:
+        """The token ids of a record (empty for a raw page); None when
+        unreadable. ``tail``: as for ``read_meta``."""
         ...
 
     def describe(self) -> str:
@@ -157,10 +170,18 @@ class PlainRecords:
             raise Unreadable("a sealed record, and this store holds no keys")
         return record.verify_parts(head, kv, key=key, ns_tag=ns_tag, tokens=tokens)
 
-    def read_meta(self, value: Bytes) -> RecordMeta | None:
+    def read_split_into(
+        self, head: Bytes, tail: memoryview, *, key: bytes, ns_tag: bytes | None,
+        tokens: npt.NDArray[np.int32] | None, dst: npt.NDArray[np.uint8],
+    ) -> bool:
+        if is_sealed(head):
+            raise Unreadable("a sealed record, and this store holds no keys")
+        return record.read_split_into(head, tail, key=key, ns_tag=ns_tag, tokens=tokens, dst=dst)
+
+    def read_meta(self, value: Bytes, tail: int = 0) -> RecordMeta | None:
         return None if is_sealed(value) else record.read_meta(value)
 
-    def read_tokens(self, value: Bytes) -> npt.NDArray[np.int32] | None:
+    def read_tokens(self, value: Bytes, tail: int = 0) -> npt.NDArray[np.int32] | None:
         return None if is_sealed(value) else record.read_tokens(value)
 
     def describe(self) -> str:

@@ -121,9 +121,12 @@ class SealedRecords:
     def verify_parts(self, head: Bytes, kv: npt.NDArray[np.uint8], **checks: Any) -> bool:
         return self._default.verify_parts(head, kv, **checks)
 
+    def read_split_into(self, head: Bytes, tail: memoryview, **checks: Any) -> bool:
+        return self._default.read_split_into(head, tail, **checks)
+
     # -- survivors: the meta message only -----------------------------------------
-    def read_meta(self, value: Bytes) -> RecordMeta | None:
-        opened = self._open_meta(value)
+    def read_meta(self, value: Bytes, tail: int = 0) -> RecordMeta | None:
+        opened = self._open_meta(value, tail)
         if opened is None:
             return None
         h, info, _tokens = opened
@@ -141,20 +144,21 @@ class SealedRecords:
             raw=bool(flags & record.FLAG_RAW),
         )
 
-    def read_tokens(self, value: Bytes) -> npt.NDArray[np.int32] | None:
-        opened = self._open_meta(value)
+    def read_tokens(self, value: Bytes, tail: int = 0) -> npt.NDArray[np.int32] | None:
+        opened = self._open_meta(value, tail)
         return None if opened is None else opened[2]
 
     def _open_meta(
-        self, value: Bytes
+        self, value: Bytes, tail: int
     ) -> tuple[tuple[int, ...], bytes, npt.NDArray[np.int32]] | None:
-        """(header, info, token ids) of a whole sealed record, its meta message
-        authenticated; None for anything else."""
+        """(header, info, token ids) of a sealed record (``value``, less its
+        last ``tail`` bytes), its meta message authenticated; None for
+        anything else."""
         h = record.parse_header(value)
         if h is None or not h[2] & record.FLAG_SEALED:
             return None
         lay = _Layout(h[11], h[12], h[4], h[5])
-        if len(value) != lay.total:
+        if len(value) + tail != lay.total:
             return None
         view = memoryview(value)
         try:
@@ -341,6 +345,28 @@ class TenantSeal:
         joined[lead:] = page
         try:
             aead.decrypt_into(nonce, joined.data, aad, page.data)
+        except InvalidTag:
+            raise Unreadable("the KV bytes failed authentication") from None
+        return True
+
+
+    def read_split_into(
+        self, head: Bytes, tail: memoryview, *, key: bytes, ns_tag: bytes | None,
+        tokens: npt.NDArray[np.int32] | None, dst: npt.NDArray[np.uint8],
+    ) -> bool:
+        """The record is ``head`` + ``tail``, the tail being the whole KV
+        message (ciphertext and tag, e.g. in a slot of a mapped file):
+        decrypted from where it lies into ``dst``, in one pass."""
+        view = memoryview(head)
+        lay = self._checked(view, len(view) + len(tail), key, ns_tag, tokens, dst.size)
+        if lay is None or len(view) != lay.kv_at:
+            return False
+        opened = self._open_head(view, lay, tokens, HEADER.unpack_from(view)[12])
+        if opened is None:
+            return False
+        aead, nonce, aad = opened
+        try:
+            aead.decrypt_into(nonce, tail, aad, dst.reshape(-1).data)
         except InvalidTag:
             raise Unreadable("the KV bytes failed authentication") from None
         return True

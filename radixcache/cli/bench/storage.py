@@ -12,7 +12,9 @@ drift from run to run::
                     LmdbStorage.get of the same requests into host pages, with
                     the records in the OS page cache (checksums verified), on
                     the store's two reader threads (the default) and, as
-                    ``lmdb_1_reader``, on one (like the plain file loop)
+                    ``lmdb_1_reader``, on one (like the plain file loop);
+                    the default config: the KV bytes of these pages (64 KiB
+                    and more) in the slot file (offload/lmdb/slots.py)
 
 Writes run in interleaved rounds (seq, file-per-page, LMDB safe, LMDB fast,
 then again), after one untimed warm-up round, so that the disk's drift weighs

@@ -57,7 +57,8 @@ from radixcache.events.publisher import EventPublisher
 from radixcache.namespace import Namespace
 from radixcache.transfer import KVSpec
 
-STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock"})  # what --fresh deletes
+# what --fresh deletes: LMDB's files, the owner lock, the slot file (offload/lmdb/slots.py)
+STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock", "kv.slots"})
 
 
 def clear_store(path: Path) -> list[str]:

@@ -347,7 +347,9 @@ from radixcache.offload import LmdbStorage, ModelFingerprint, StorageConfig
 from radixcache.transfer.host import HostKVBuffer
 from radixcache.transfer.layout import KVSpec
 spec = KVSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float16, page_size=4)
-store = LmdbStorage(StorageConfig(path=sys.argv[1], durability=sys.argv[2]), spec,
+least = None if sys.argv[3] == "inline" else 1  # KV bytes inside LMDB, or in slots
+store = LmdbStorage(StorageConfig(path=sys.argv[1], durability=sys.argv[2],
+                                  slot_min_page_bytes=least), spec,
                     ModelFingerprint("tiny-model", spec.describe(), 0))
 N, SLOTS = 8, 4
 host = HostKVBuffer(spec, N * SLOTS)
@@ -372,12 +374,17 @@ while True:
 """
 
 
+@pytest.mark.parametrize("layout", ["inline", "slots"])
 @pytest.mark.parametrize("durability", ["safe", "fast"])
-def test_kill_9_mid_stream_keeps_every_committed_page(kit: StoreKit, durability: str) -> None:
+def test_kill_9_mid_stream_keeps_every_committed_page(
+    kit: StoreKit, durability: str, layout: str
+) -> None:
+    """``slots``: the KV bytes in the slot file (offload/lmdb/slots.py), whose
+    writes the kill also cuts between a slot's write and the commit."""
     path = kit.root / "store"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD_WRITE, str(path), durability],
+        [sys.executable, "-c", _CHILD_WRITE, str(path), durability, layout],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -398,7 +405,7 @@ def test_kill_9_mid_stream_keeps_every_committed_page(kit: StoreKit, durability:
     committed = sorted(int(tok) for line in lines + rest.splitlines() for tok in line.split())
     assert committed == list(range(len(committed)))  # each put was reported whole
 
-    store = kit.open()
+    store = kit.open(slot_min_page_bytes=None if layout == "inline" else 1)
     top = len(committed) + 64  # beyond it nothing was even submitted (4 slots of 8 pages)
     keys = kit.keys(top)
     host = kit.host(top)

@@ -167,3 +167,16 @@ def test_bench_storage_runs_without_the_encryption_extra_and_says_what_it_skippe
         assert spec["ratios"]["lmdb_write_vs_seq_fsync"] > 0
         sealed = [row for row in spec["targets"] if row["figure"].startswith("sealed")]
         assert [row["result"] for row in sealed] == ["skipped (not measured)"] * 2
+
+
+def test_fresh_deletes_the_slot_file_of_a_store_of_large_pages(tmp_path: Path) -> None:
+    """Pages of 64 KiB and more keep their KV bytes in the store's slot file
+    (the default demo's 128 KiB pages do): --fresh deletes it with the rest."""
+    from radixcache.cli.demo.command import clear_store
+    from radixcache.offload.lmdb.slots import SLOT_FILE
+
+    names = ["data.mdb", "lock.mdb", "radixcache.lock", SLOT_FILE]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    assert clear_store(tmp_path) == sorted(names)
+    assert list(tmp_path.iterdir()) == []
