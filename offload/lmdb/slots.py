@@ -17,8 +17,8 @@ record's lead: header, key, info, token ids) in an envelope naming the slot::
 The record itself is the same bytes either way (offload/storage/record.py):
 a reader copies the tail out of the file, mapped read-only, into the host
 page, summing it in the same pass (sealed: decrypting it where it lies;
-``Framing.read_split_into``), and checks it with the lead, so a slot holding anything but this record's bytes
-(reused, torn, flipped) fails its checksum or its authentication tag: a
+``Framing.read_split_into``), and checks it with the lead, so a slot
+holding anything but this record's bytes (reused, torn, flipped) fails its checksum or its authentication tag: a
 miss, never a hit. The map is made again, larger, when the file grew; a
 view of the old one stays valid while a read holds it. Records of the
 inline form (what LMDB held before, and pages below the size) stay as they
@@ -40,8 +40,8 @@ Crash order and reuse, the rules this file keeps:
 The slot size is fixed when the file is created (``slot_size`` of the page
 size of the store that made it, kept in the ``meta`` database); a record
 whose body does not fit (a sealed one in a file made for records in the
-clear, say) is stored inline. One process owns the store (the directory lock), so
-this object's free list is the whole truth. Writer thread: ``take``,
+clear, say) is stored inline. One process owns the store (the directory
+lock), so this object's free list is the whole truth. Writer thread: ``take``,
 ``give_back``, ``write``, ``sync``, ``committed``, ``growth``; reader
 threads: ``reading``, ``view``.
 """
@@ -129,13 +129,6 @@ def record_parts(value: bytes | memoryview) -> tuple[memoryview, int]:
     """(the record's bytes in ``value``, bytes of it kept in a slot)."""
     parts = unwrap(value)
     return (memoryview(value), 0) if parts is None else (parts[0], parts[2])
-
-
-def record_view(value: bytes | memoryview) -> memoryview:
-    """The bytes of a value that begin its record: the lead of an envelope,
-    else the whole value (headers and meta are read from these)."""
-    parts = unwrap(value)
-    return memoryview(value) if parts is None else parts[0]
 
 
 class SlotFile:

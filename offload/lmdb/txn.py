@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from radixcache.offload.lmdb.env import LmdbEnv, encode_tenant
 from radixcache.offload.lmdb.quotas import TenantCounters, TenantKey, tenant_id
-from radixcache.offload.lmdb.slots import record_view, slot_body, stored_size, unwrap, wrap
+from radixcache.offload.lmdb.slots import slot_body, stored_size, unwrap, wrap
 from radixcache.offload.lmdb.retention import TagJob, TagPair, encode_deadline, tag_key
 from radixcache.offload.storage import ForgetJob, PutJob
 from radixcache.offload.storage import record as rec
@@ -118,6 +118,7 @@ class TxnBody:
         deadline = None if job.meta is None else job.meta.expires_at
         if job.meta is not None and job.meta.tags:
             self._tag(txn, job.ns_tag, job.meta.tags, effects)
+        slotted = self._slots is not None and slot_body(job) <= self._slots.slot_bytes
         for i, rkey in enumerate(job.keys):
             if rkey in effects.added or (rkey in self._index and rkey not in gone):
                 effects.touched.append(rkey)
@@ -130,8 +131,7 @@ class TxnBody:
                 effects.count(effects.dropped_pages, tenant, len(job.keys) - i)
                 break
             kv = host_bytes[job.host_pages[i]]
-            slots = self._slots
-            if slots is not None and slot_body(job) <= slots.slot_bytes:
+            if slotted:
                 existing = txn.get(rkey, db=self._pages)
                 if existing is None:  # the KV bytes into a slot, the rest into LMDB
                     txn.put(rkey, self._slotted(job, i, kv, effects), db=self._pages)
@@ -236,10 +236,11 @@ class TxnBody:
         value = txn.get(rkey, db=self._pages)
         if value is None:
             return False
-        parts = unwrap(value)
+        parts = unwrap(value)  # None: the record inline; else its lead, slot, tail
         if parts is not None:
             effects.freed_slots.append(parts[1])
-        tag = rec.read_namespace_tag(record_view(value))  # a copy: value dies with the next write
+        # a copy: value dies with the next write
+        tag = rec.read_namespace_tag(value if parts is None else parts[0])
         effects.freed += len(value)
         txn.delete(rkey, db=self._pages)
         if tag is not None:

@@ -89,15 +89,15 @@ class Framing(Protocol):
         ``kv`` then holds the page's KV bytes; raises ``Unreadable``."""
         ...
 
-
     def read_split_into(
         self, head: Bytes, tail: memoryview, *, key: bytes, ns_tag: bytes | None,
         tokens: npt.NDArray[np.int32] | None, dst: npt.NDArray[np.uint8],
     ) -> bool:
-        """A record kept in two places: ``head`` its first bytes, ``tail``
-        (e.g. a view of a mapped file) its last ``dst.size`` bytes. True when
-        it verifies and ``dst`` then holds the page's KV bytes; raises
-        ``Unreadable``."""
+        """A record kept in two places: ``head`` every byte before its KV
+        bytes (sealed: before the KV message), ``tail`` the rest (e.g. a view
+        of a mapped file): the KV bytes; sealed, their ciphertext and tag.
+        True when it verifies and ``dst`` then holds the page's KV bytes;
+        raises ``Unreadable``."""
         ...
 
 

@@ -309,17 +309,8 @@ class TenantSeal:
     ) -> bool:
         view = memoryview(value)
         lay = self._checked(view, len(view), key, ns_tag, tokens, dst.size)
-        if lay is None:
-            return False
-        opened = self._open_head(view, lay, tokens, HEADER.unpack_from(view)[12])
-        if opened is None:
-            return False
-        aead, nonce, aad = opened
-        try:  # one pass: the ciphertext (e.g. in LMDB's map) decrypted into the page
-            aead.decrypt_into(nonce, view[lay.kv_at :], aad, dst.reshape(-1).data)
-        except InvalidTag:
-            raise Unreadable("the KV bytes failed authentication") from None
-        return True
+        # one pass: the ciphertext (e.g. in LMDB's map) decrypted into the page
+        return lay is not None and self._open_into(view, lay, tokens, view[lay.kv_at :], dst)
 
     def verify_parts(
         self, head: Bytes, kv: npt.NDArray[np.uint8], *, key: bytes, ns_tag: bytes | None,
@@ -334,21 +325,12 @@ class TenantSeal:
         lay = self._checked(view, len(view) + kv.size, key, ns_tag, tokens, kv.size)
         if lay is None:
             return False
-        opened = self._open_head(view, lay, tokens, HEADER.unpack_from(view)[12])
-        if opened is None:
-            return False
-        aead, nonce, aad = opened
         page = kv.reshape(-1)
         joined = _scratch(page.size + TAG_BYTES)
         lead = len(view) - lay.kv_at  # KV message bytes in the head (its first TAG_BYTES)
         joined[:lead] = np.frombuffer(view[lay.kv_at :], dtype=np.uint8)
         joined[lead:] = page
-        try:
-            aead.decrypt_into(nonce, joined.data, aad, page.data)
-        except InvalidTag:
-            raise Unreadable("the KV bytes failed authentication") from None
-        return True
-
+        return self._open_into(view, lay, tokens, joined.data, kv)
 
     def read_split_into(
         self, head: Bytes, tail: memoryview, *, key: bytes, ns_tag: bytes | None,
@@ -361,12 +343,21 @@ class TenantSeal:
         lay = self._checked(view, len(view) + len(tail), key, ns_tag, tokens, dst.size)
         if lay is None or len(view) != lay.kv_at:
             return False
-        opened = self._open_head(view, lay, tokens, HEADER.unpack_from(view)[12])
+        return self._open_into(view, lay, tokens, tail, dst)
+
+    def _open_into(
+        self, head: memoryview, lay: _Layout, tokens: npt.NDArray[np.int32] | None,
+        message: memoryview, dst: npt.NDArray[np.uint8],
+    ) -> bool:
+        """Authenticate the record's head (``_open_head``) and decrypt its KV
+        message (ciphertext and tag, wherever it lies) into ``dst``. False
+        when the record holds other token ids; raises Unreadable."""
+        opened = self._open_head(head, lay, tokens, HEADER.unpack_from(head)[12])
         if opened is None:
             return False
         aead, nonce, aad = opened
         try:
-            aead.decrypt_into(nonce, tail, aad, dst.reshape(-1).data)
+            aead.decrypt_into(nonce, message, aad, dst.reshape(-1).data)
         except InvalidTag:
             raise Unreadable("the KV bytes failed authentication") from None
         return True
