@@ -7,12 +7,16 @@
     keys.py     master keys (a key file or an environment variable, the first
                 writes, all read) and what HKDF derives from them
     sealed.py   ``SealedRecords``: the sealed record's layout, sealing and opening
+    gcm.py      ``Gcm``: AES-256-GCM that opens large messages with the GIL
+                free (this Python's libcrypto through ctypes, else
+                ``cryptography``'s ``AESGCM``)
 
 The shared storage base (offload/storage/base.py) opens one codec per store
 from its backend's key settings and hands each job its tenant's framing, so
 every backend (LMDB, Valkey, ...) writes and reads sealed records without a
-line of its own. Only keys.py and sealed.py import the ``cryptography``
-package (the ``encryption`` extra), and only when a store has keys.
+line of its own. Only keys.py, gcm.py and sealed.py import the
+``cryptography`` package (the ``encryption`` extra), and only when a store
+has keys.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from radixcache.offload.storage.crypt.codec import KeyLoadError
+from radixcache.offload.storage.crypt.gcm import Gcm
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class KeyRing:
             raise KeyLoadError(f"{source}: a key is listed twice")
         self._ids = list(self._masters)  # key ids, the current key's first
         self._meta = {kid: AESGCM(_derive(k, b"meta")) for kid, k in self._masters.items()}
-        self._tenants: dict[tuple[bytes, bytes], AESGCM] = {}
+        self._tenants: dict[tuple[bytes, bytes], Gcm] = {}
         self._lock = threading.Lock()
 
     @property
@@ -116,7 +117,7 @@ class KeyRing:
         this ring does not hold that key."""
         return self._meta.get(key_id)
 
-    def tenant_aead(self, key_id: bytes, tenant: bytes | None) -> AESGCM | None:
+    def tenant_aead(self, key_id: bytes, tenant: bytes | None) -> Gcm | None:
         """The AEAD of ``tenant``'s KV bytes under ``key_id`` (derived once,
         then cached); None when this ring does not hold that key."""
         label = tenant_label(tenant)
@@ -126,7 +127,7 @@ class KeyRing:
         master = self._masters.get(key_id)
         if master is None:
             return None
-        aead = AESGCM(_derive(master, label))
+        aead = Gcm(_derive(master, label))
         with self._lock:
             if len(self._tenants) >= _MAX_TENANT_AEADS:
                 self._tenants.clear()  # many tenants: derive again as they come

@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from radixcache.offload.storage import record
 from radixcache.offload.storage.contract import ModelFingerprint
 from radixcache.offload.storage.crypt import codec
 from radixcache.offload.storage.crypt.codec import Body, Bytes, Unreadable
+from radixcache.offload.storage.crypt.gcm import Gcm
 from radixcache.offload.storage.crypt.keys import KEY_ID_BYTES, KeyRing
 from radixcache.offload.storage.record import HEADER, RecordMeta
 
@@ -214,7 +214,7 @@ class TenantSeal:
         tokens: npt.NDArray[np.int32] | None, kv: npt.NDArray[np.uint8], seq: int,
         block_id: int | None = None, parent_block_id: int | None = None, depth: int = 0,
         info: bytes = b"",
-    ) -> tuple[AESGCM, bytes, bytes]:
+    ) -> tuple[Gcm, bytes, bytes]:
         """Write everything before the KV ciphertext into ``head``; returns the
         tenant's AEAD, the nonce and the KV message's associated data."""
         kid = self._ring.current_id
@@ -290,7 +290,7 @@ class TenantSeal:
 
     def _open_head(
         self, head: memoryview, lay: _Layout, tokens: npt.NDArray[np.int32] | None, ilen: int
-    ) -> tuple[AESGCM, bytes, bytes] | None:
+    ) -> tuple[Gcm, bytes, bytes] | None:
         """Authenticate the meta message and compare the token ids; returns the
         tenant's AEAD, the nonce and the KV message's associated data, or None
         when the record holds other token ids. Raises Unreadable."""

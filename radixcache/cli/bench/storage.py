@@ -21,7 +21,9 @@ then again), after one untimed warm-up round, so that the disk's drift weighs
 on all alike; each figure is the median round, and ``ratios_fastest_runs``
 compares the fastest rounds (on a shared machine interference only adds time).
 
-Reads of pages in the OS page cache also time ``file_per_page_checksum``
+Reads of pages in the OS page cache run ``READ_ROUNDS`` interleaved rounds
+per ``--repeat``: a read round of 64 MiB lasts a few tens of milliseconds,
+so three rounds gave a median that one disturbance could move. They also time ``file_per_page_checksum``
 (the file read plus the KV checksum a record v3's read verifies,
 offload/storage/kv_checksum.py), ``checksum_only`` (that checksum over pages already
 in memory) and ``crc32_only`` (zlib's crc32 over them: what a record v2's
@@ -83,6 +85,7 @@ WRITE_TARGET = 0.8  # LMDB write rate / fsync'd sequential write rate
 READ_TARGET = 1.0  # LMDB reads of cached pages into host pages / one file per page
 hand_to_storage()  # the stores measured copy and sum records as the engine's do
 SEALED_TARGET = 0.85  # sealed (encrypted) / clear LMDB throughput, writes and reads
+READ_ROUNDS = 5  # read rounds per --repeat (a read round is short: see the docstring)
 # The sealed figures need the encryption extra; without it they are reported
 # as skipped and the clear ones still run.
 try:
@@ -255,7 +258,7 @@ def _bench_spec(
         run()
         if not method.endswith("_only"):  # (the *_only figures read into nothing)
             assert np.array_equal(out, raw), f"{method} read back wrong bytes"
-    for _ in range(repeat):  # interleaved rounds, as for writes
+    for _ in range(READ_ROUNDS * repeat):  # interleaved rounds, as for writes
         for method, run in reads.items():
             read_s[method].append(timed(run))
     if SEALING:
@@ -282,6 +285,7 @@ def _bench_spec(
         "pages": n,
         "bytes": nbytes,
         "request_pages": request,
+        "read_rounds": READ_ROUNDS * repeat,
         "write": w,
         "read": r,
         "lmdb_write_txns_last_run": txns,

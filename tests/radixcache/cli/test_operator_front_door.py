@@ -142,6 +142,7 @@ def test_quick_or_loaded_runs_say_their_figures_are_not_the_measurement() -> Non
     # every ratio beside the architecture's target, its verdict marked indicative
     assert report["targets"]["lmdb_write_vs_seq_fsync"] == 0.8
     for spec in report["specs"].values():
+        assert spec["read_rounds"] == 5  # reads: 5 short rounds per --repeat (--quick: 1)
         rows = {row["figure"]: row for row in spec["targets"]}
         write = rows["LMDB write (safe) / fsync'd sequential write"]
         assert write["target"] == ">= 0.8x" and write["ratio"] == spec["ratios"]["lmdb_write_vs_seq_fsync"]

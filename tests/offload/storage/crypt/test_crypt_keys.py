@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,13 +117,17 @@ def test_derived_keys_differ_per_master_key_and_tenant() -> None:
     a, b = ring.key_ids
     assert a != b and len(a) == 8
     assert ring.tenant_aead(a, None) is ring.tenant_aead(a, None)  # derived once
-    probe = b"\0" * 12
+    def seal(aead: Any) -> bytes:
+        out = bytearray(32)
+        aead.encrypt_into(b"\0" * 12, b"x" * 16, None, out)
+        return bytes(out)
+
     outs = {
-        ring.tenant_aead(kid, tenant).encrypt(probe, b"x" * 16, None)  # type: ignore[union-attr]
+        seal(ring.tenant_aead(kid, tenant))
         for kid in (a, b)
         for tenant in (None, b"sS\0\0\0\x01a", b"sB\0\0\0\x01a")
     }
-    outs |= {ring.meta_aead(kid).encrypt(probe, b"x" * 16, None) for kid in (a, b)}  # type: ignore[union-attr]
+    outs |= {seal(ring.meta_aead(kid)) for kid in (a, b)}
     assert len(outs) == 8  # every key distinct
     assert ring.tenant_aead(b"unknown!", None) is None and ring.meta_aead(b"unknown!") is None
     assert tenant_label(None) != tenant_label(b"") != tenant_label(b"kv/default")
