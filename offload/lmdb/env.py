@@ -105,6 +105,20 @@ class LmdbEnv:
         """New records keep their KV bytes in the slot file (when they fit)."""
         return self.slots is not None and self._slot_bytes is not None
 
+    def disk_bytes(self) -> int:
+        """Bytes the store's files take on disk: the allocated blocks of
+        every file in its directory (LMDB's map and lock files, the slot
+        file); a file that vanishes meanwhile counts nothing."""
+        total = 0
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
     def close(self) -> None:
         """Close the environment and give the owner lock back (in a forked
         child: nothing, both are the parent's)."""

@@ -285,6 +285,13 @@ class SlotFile:
         while the writer is at rest: the free list is the writer thread's)."""
         return set(self._idle)
 
+    def idle_bytes(self) -> int:
+        """Bytes of the slots free or waiting for reads to end: the file's
+        room for records before it grows (it never shrinks)."""
+        with self._lock:
+            idle = len(self._free) + sum(len(s) for _c, s in self._pending)
+        return idle * self.slot_bytes
+
     def stats(self) -> dict[str, int]:
         """Slots in the file, free, and freed but waiting for reads to end."""
         with self._lock:

@@ -256,10 +256,13 @@ class LmdbStorage(StorageBase):
         return out
 
     def _sizes(self) -> StoreSizes:
+        slots = self._store.slots
         return StoreSizes(
             records=len(self._index),
             stored_bytes=self._index.nbytes,
             capacity_bytes=self.config.capacity_bytes,
+            disk_bytes=self._store.disk_bytes(),
+            free_disk_bytes=0 if slots is None else slots.idle_bytes(),
         )
 
     def tenant_stats(self) -> dict[TenantKey, TenantStorageStats]:

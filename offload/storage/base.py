@@ -82,6 +82,8 @@ class StoreSizes:
     records: int  # records in the store now
     stored_bytes: int  # bytes they take
     capacity_bytes: int  # the limit on stored_bytes (0: none or unknown)
+    disk_bytes: int = 0  # bytes the store's local files take on disk (0: not a local store)
+    free_disk_bytes: int = 0  # of disk_bytes, bytes no record holds, kept for reuse
 
 
 class StorageBase:
@@ -227,6 +229,8 @@ class StorageBase:
             stored_bytes=sizes.stored_bytes,
             capacity_bytes=sizes.capacity_bytes,
             queued_writes=self._writer.queued,
+            disk_bytes=sizes.disk_bytes,
+            free_disk_bytes=sizes.free_disk_bytes,
         )
 
     def close(self) -> None:

@@ -32,6 +32,10 @@ class StorageStats:
     map_full: int  # times the LMDB map filled up (records evicted, map grown)
     failed_ops: int  # tickets failed by a storage error
     queued_writes: int  # write jobs waiting for the writer thread
+    # A local store's files (LMDB: the map file and the slot file; 0 for a pool):
+    disk_bytes: int = 0  # bytes they take on disk (allocated blocks)
+    free_disk_bytes: int = 0  # of those, bytes no record holds that the store reuses
+    # before it grows (the slot file's free slots and those waiting for reads)
 
 
 
@@ -64,8 +68,9 @@ class Counters:
                 self._values[name] += delta
 
     def snapshot(
-        self, *, records: int, stored_bytes: int, capacity_bytes: int, queued_writes: int
-    ) -> StorageStats:
+        self, *, records: int, stored_bytes: int, capacity_bytes: int, queued_writes: int,
+        disk_bytes: int = 0, free_disk_bytes: int = 0,
+    ) -> StorageStats:  # fmt: skip
         """The counters now, with the sizes only the backend knows."""
         with self._lock:
             values = dict(self._values)
@@ -74,5 +79,7 @@ class Counters:
             stored_bytes=stored_bytes,
             capacity_bytes=capacity_bytes,
             queued_writes=queued_writes,
+            disk_bytes=disk_bytes,
+            free_disk_bytes=free_disk_bytes,
             **values,
         )

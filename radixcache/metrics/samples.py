@@ -115,6 +115,12 @@ def collect(
                 ("evicted_pages", "counter", "", {"tier": "storage"}, st.evicted),
                 ("storage_records", "gauge", "Records in storage", {}, st.records),
                 ("storage_bytes", "gauge", "Bytes of stored records", {}, st.stored_bytes),
+                ("storage_disk_bytes", "gauge",
+                 "Bytes a local store's files take on disk (LMDB: map, lock and slot files; "
+                 "0 for a shared pool)", {}, st.disk_bytes),
+                ("storage_free_disk_bytes", "gauge",
+                 "Of storage_disk_bytes, bytes no record holds that the store reuses before "
+                 "its files grow (the slot file's idle slots)", {}, st.free_disk_bytes),
                 ("storage_corrupt", "counter", "Records that failed verification (deleted)", {},
                  st.corrupt),
                 ("storage_expired", "counter",

@@ -100,8 +100,13 @@ def test_free_slots_are_derived_at_open_and_reused(kit: StoreKit) -> None:
     size = os.path.getsize(kit.root / "store" / SLOT_FILE)
     store = kit.open(**SLOTTED)
     assert _slots(store).stats() == {"slots": 6, "free": 2, "pending": 0}
+    stats = store.stats()  # the two free slots are disk the store keeps for reuse
+    assert stats.free_disk_bytes == 2 * _slots(store).slot_bytes
+    files = [kit.root / "store" / name for name in ("data.mdb", SLOT_FILE)]
+    assert stats.disk_bytes >= sum(os.stat(f).st_blocks * 512 for f in files) > size
     more, pages = _put(kit, store, 2, salt=b"more", seed=8)
     assert os.path.getsize(kit.root / "store" / SLOT_FILE) == size  # the two freed slots
+    assert store.stats().free_disk_bytes == 0
     got, out = _get(kit, store, more)
     assert got == 2 and np.array_equal(out, pages)
     got, out = _get(kit, store, keys[3:], start=3)

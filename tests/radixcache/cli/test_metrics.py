@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from pathlib import Path
 
@@ -98,6 +99,9 @@ def test_token_series_for_vllm_and_sglang_dashboards(tmp_path: Path) -> None:
     for name in ("load_back_seconds", "storage_read_seconds"):
         assert flat[f"{name}_count"] >= 1 and flat[f"{name}_sum"] > 0, name
     assert flat["storage_write_seconds_count"] == 0  # nothing new to write after the restart
+    # the LMDB store's files on disk (tiny pages: every record inline, no idle slot)
+    assert flat["storage_disk_bytes"] >= os.stat(tmp_path / "data.mdb").st_blocks * 512 > 0
+    assert flat["storage_free_disk_bytes"] == 0
     cache.close()
 
 
