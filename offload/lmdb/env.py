@@ -108,15 +108,19 @@ class LmdbEnv:
     def disk_bytes(self) -> int:
         """Bytes the store's files take on disk: the allocated blocks of
         every file in its directory (LMDB's map and lock files, the slot
-        file); a file that vanishes meanwhile counts nothing."""
+        file); a file that vanishes meanwhile counts nothing, and a
+        directory that is gone (removed while open) counts 0."""
         total = 0
-        with os.scandir(self.path) as entries:
-            for entry in entries:
-                try:
-                    if entry.is_file(follow_symlinks=False):
-                        total += entry.stat(follow_symlinks=False).st_blocks * 512
-                except OSError:
-                    pass
+        try:
+            with os.scandir(self.path) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        pass
+        except OSError:
+            return 0
         return total
 
     def close(self) -> None:
