@@ -15,7 +15,7 @@ call. Everything else goes through ``AESGCM``: smaller messages (a record's
 meta message), every message where no such library loads, and encryption,
 which runs on a store's one writer thread, where the GIL buys nothing and
 ``cryptography``'s own OpenSSL ran its pass faster per core than this
-machine's libcrypto (sealed LMDB writes 0.79-0.80x of clear through
+machine's libcrypto (sealed LMDB writes 0.78-0.80x of clear through
 libcrypto against 0.81-0.82x through ``AESGCM``, the same session). Both
 are AES-256-GCM with a 12-byte nonce and the 16-byte tag after the
 ciphertext: a message either sealed opens with the other (tested). A
