@@ -18,11 +18,11 @@ The record itself is the same bytes either way (offload/storage/record.py):
 a reader copies the tail out of the file, mapped read-only, into the host
 page, summing it in the same pass (sealed: decrypting it where it lies;
 ``Framing.read_split_into``), and checks it with the lead, so a slot
-holding anything but this record's bytes (reused, torn, flipped) fails its checksum or its authentication tag: a
-miss, never a hit. The map is made again, larger, when the file grew; a
-view of the old one stays valid while a read holds it. Records of the
-inline form (what LMDB held before, and pages below the size) stay as they
-are, and are read as before.
+holding anything but this record's bytes (reused, torn, flipped) fails its
+checksum or its authentication tag: a miss, never a hit. The map is made
+again, larger, when the file grew; a view of the old one stays valid while
+a read holds it. Records of the inline form (what LMDB held before, and
+pages below the size) stay as they are, and are read as before.
 
 Crash order and reuse, the rules this file keeps:
 
@@ -288,9 +288,8 @@ class SlotFile:
     def idle_bytes(self) -> int:
         """Bytes of the slots free or waiting for reads to end: the file's
         room for records before it grows (it never shrinks)."""
-        with self._lock:
-            idle = len(self._free) + sum(len(s) for _c, s in self._pending)
-        return idle * self.slot_bytes
+        counts = self.stats()
+        return (counts["free"] + counts["pending"]) * self.slot_bytes
 
     def stats(self) -> dict[str, int]:
         """Slots in the file, free, and freed but waiting for reads to end."""

@@ -23,11 +23,11 @@ compares the fastest rounds (on a shared machine interference only adds time).
 
 Reads of pages in the OS page cache run ``READ_ROUNDS`` interleaved rounds
 per ``--repeat``: a read round of 64 MiB lasts a few tens of milliseconds,
-so three rounds gave a median that one disturbance could move. They also time ``file_per_page_checksum``
-(the file read plus the KV checksum a record v3's read verifies,
-offload/storage/kv_checksum.py), ``checksum_only`` (that checksum over pages already
-in memory) and ``crc32_only`` (zlib's crc32 over them: what a record v2's
-read verified).
+so three rounds gave a median that one disturbance could move. They also
+time ``file_per_page_checksum`` (the file read plus the KV checksum a record
+v3's read verifies, offload/storage/kv_checksum.py), ``checksum_only`` (that
+checksum over pages already in memory) and ``crc32_only`` (zlib's crc32 over
+them: what a record v2's read verified).
 
 Encrypted at rest: ``lmdb_sealed`` writes and reads the same pages as
 ``lmdb_safe`` with a key file (records sealed with AES-256-GCM, one GCM
