@@ -214,9 +214,9 @@ class Gcm:
         - 16`` bytes); returns the bytes written. Raises ``InvalidTag`` when
         it fails authentication (``buf`` may then hold unauthenticated bytes)."""
         lib = libcrypto()
-        data_v, out_v = memoryview(data).cast("B"), memoryview(buf).cast("B")
-        if lib is None or len(data_v) - TAG_BYTES < LARGE:
+        if lib is None or memoryview(data).nbytes - TAG_BYTES < LARGE:
             return self._aead.decrypt_into(nonce, data, associated_data, buf)
+        data_v, out_v = memoryview(data).cast("B"), memoryview(buf).cast("B")
         if len(nonce) != NONCE_BYTES:
             raise ValueError(f"a nonce of {len(nonce)} bytes; AES-GCM here takes {NONCE_BYTES}")
         if len(out_v) != len(data_v) - TAG_BYTES:
