@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
     p.add_argument("options", nargs=argparse.REMAINDER,
                    help="the benchmark's options (radixcache bench NAME -h)")
-    p.set_defaults(func=run)
+    p.set_defaults(entry="radixcache.cli.bench_command:run")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,9 +9,13 @@ there is offered here without a change.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from radixcache.cli.options import non_negative_int, positive_float
-from radixcache.offload import HostPoolConfig, prefetch_policy_names, write_policy_names
+from radixcache.offload import prefetch_policy_names, write_policy_names
+
+if TYPE_CHECKING:
+    from radixcache.offload import HostPoolConfig
 
 GB = 10**9  # HiCache's --hicache-size unit
 
@@ -38,6 +42,8 @@ def add_host_pool_options(
 def host_pool_config(args: argparse.Namespace) -> HostPoolConfig:
     """The host pool the parsed ``add_host_pool_options`` ask for (ValueError if
     the size is not positive)."""
+    from radixcache.offload import HostPoolConfig  # torch: only the run needs it
+
     if args.host_ratio is not None:
         return HostPoolConfig(ratio=args.host_ratio)
     if args.host_gb is not None:

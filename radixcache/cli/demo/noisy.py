@@ -48,31 +48,6 @@ QUIET, NOISY = "quiet", "noisy"  # the two tenants' salts
 GOAL = 0.9  # the quiet tenant's hit ratio with quotas, as a share of its ratio alone
 
 
-class NoisyDefault(int):
-    """An option's default (this int) that ``--noisy-neighbor`` replaces with
-    ``noisy``. A value given on the command line or by ``--config`` is a
-    plain int and stays in both modes; ``resolve_defaults`` turns every
-    NoisyDefault of the parsed options into a plain int of the mode run."""
-
-    noisy: int
-
-    def __new__(cls, value: int, noisy: int) -> NoisyDefault:
-        self = super().__new__(cls, value)
-        self.noisy = noisy
-        return self
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (NoisyDefault, (int(self), self.noisy))
-
-
-def resolve_defaults(args: argparse.Namespace) -> None:
-    """Replace every NoisyDefault in ``args`` by the plain int of the mode
-    (``args.noisy_neighbor``)."""
-    for dest, value in vars(args).items():
-        if isinstance(value, NoisyDefault):
-            setattr(args, dest, value.noisy if args.noisy_neighbor else int(value))
-
-
 # Options of the demo this mode does not use: a flag given with a value other than its
 # default is a mistake (a config file's keys for them are left alone, as replay does).
 NOT_USED: dict[str, str] = {

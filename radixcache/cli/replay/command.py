@@ -1,6 +1,42 @@
-"""The ``radixcache replay`` subcommand: its options (this module), the
-replaying (``radixcache.cli.replay.run``), reports, sweeps and plots
-(``radixcache.cli.replay.plot``)."""
+"""``radixcache replay TRACE.jsonl``: replay a Mooncake trace through the cache.
+
+A Mooncake trace line names a request's prompt by block hashes::
+
+    {"timestamp": 0, "input_length": 1500, "output_length": 6, "hash_ids": [7, 8, 9]}
+
+    block:     7 (512 tokens)  8 (512 tokens)  9 (the rest: 1500 - 2*512 = 476)
+
+Ids are prefix hashes: two requests with the same id at a block share the
+whole prefix up to and including that block. The replay turns every id into
+a fixed run of pseudo-random tokens (a function of the id and the position in
+the block only), so equal ids give equal tokens, and drives the real
+``RadixCache`` (same tree, eviction and tier code) one request at a time::
+
+    admit -> settle -> reserve + commit the uncached prompt (prefill)
+          -> [decode: extend + reserve + commit, a page at a time] -> release -> settle
+
+"settle" waits for every tier job in flight and only then applies them
+(``poll``), until nothing is in flight: the host and storage copies then
+finish in the same order at the same point of every run, so the counted
+figures never depend on thread timing. A request therefore always gets what
+the tiers hold (the ``wait_complete`` prefetch policy, which the replay sets).
+
+The KV spec is tiny (1 layer, 1 KV head, head_dim 1, float16): the tiers
+really copy and store bytes, but few of them. Without tiers no KV tensor is
+allocated at all (``allocate_kv=False``): the tree and the accounting are the
+same either way.
+
+What is counted (after the warmup), per request, from the engine's handle:
+``hit_device``, ``hit_host``, ``hit_storage`` (prompt tokens found in each
+tier at admission) and ``cached_len`` once the loads settled (prefill tokens
+saved; equal to the hits unless a copy failed). Admission always leaves one
+token to compute, in whole pages: a fully cached prompt of k full pages hits
+k - 1 of them. Requests run one at a time in file order (timestamps are not
+used), so none overlap. A prompt needing more pages than the device pool has
+is rejected and counted apart. Decode is off by default: the trace does not
+say what was generated, so synthesized output tokens are never matched by a
+later prompt; with ``--decode`` they only take room, as real outputs would.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +46,16 @@ from radixcache.cli.config_option import add_config_option
 from radixcache.cli.hicache_options import add_host_pool_options, add_policy_options
 from radixcache.cli.options import fraction, non_negative_int, positive_int, power_of_two
 from radixcache.cli.quota_option import add_quotas_option
-from radixcache.cli.replay.trace import BLOCK_SIZE
-from radixcache.cli.replay.run import __doc__ as REPLAY_DOC
-from radixcache.cli.replay.capacity import DEFAULT_MODEL, MODEL_PRESETS
-from radixcache.cli.replay.plot import run_command
+from radixcache.cli.replay.presets import BLOCK_SIZE, DEFAULT_MODEL, MODEL_PRESETS
 from radixcache.tree.policies import eviction_policy_names
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``replay`` to the ``radixcache`` command line."""
+    """Add ``replay`` to the ``radixcache`` command line; ``radixcache.cli.replay.plot``
+    runs it (reports, sweeps, plots), ``radixcache.cli.replay.run`` replays."""
     p = subparsers.add_parser(
         "replay", help="replay a Mooncake trace through the cache (hit ratios per tier)",
-        description=REPLAY_DOC,
+        description=__doc__,
     )
     add_config_option(p)
     p.add_argument("trace", help="Mooncake JSONL trace (timestamp, input_length, "
@@ -70,4 +104,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-plot", action="store_true", help="sweep without the PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar (none when stderr "
                    "is not a terminal either)")
-    p.set_defaults(func=run_command)
+    p.set_defaults(entry="radixcache.cli.replay.plot:run_command")

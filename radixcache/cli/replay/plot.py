@@ -36,7 +36,8 @@ from rich.progress import (
 from radixcache.cli.parser import UsageError, describe
 from radixcache.cli.quota_option import describe_quotas
 from radixcache.cli.hicache_options import GB
-from radixcache.cli.replay.capacity import DEFAULT_MODEL, MODEL_PRESETS, Planning, Sweep, ceiling
+from radixcache.cli.replay.capacity import Planning, Sweep, ceiling
+from radixcache.cli.replay.presets import DEFAULT_MODEL, MODEL_PRESETS
 from radixcache.cli.replay.figure import plot_sweep, require_matplotlib
 from radixcache.cli.replay.run import ReplayConfig, ReplayResult, replay
 from radixcache.cli.replay.trace import TraceRequest, load_trace

@@ -1,41 +1,7 @@
-"""``radixcache replay TRACE.jsonl``: replay a Mooncake trace through the cache.
-
-A Mooncake trace line names a request's prompt by block hashes::
-
-    {"timestamp": 0, "input_length": 1500, "output_length": 6, "hash_ids": [7, 8, 9]}
-
-    block:     7 (512 tokens)  8 (512 tokens)  9 (the rest: 1500 - 2*512 = 476)
-
-Ids are prefix hashes: two requests with the same id at a block share the
-whole prefix up to and including that block. The replay turns every id into
-a fixed run of pseudo-random tokens (a function of the id and the position in
-the block only), so equal ids give equal tokens, and drives the real
-``RadixCache`` (same tree, eviction and tier code) one request at a time::
-
-    admit -> settle -> reserve + commit the uncached prompt (prefill)
-          -> [decode: extend + reserve + commit, a page at a time] -> release -> settle
-
-"settle" waits for every tier job in flight and only then applies them
-(``poll``), until nothing is in flight: the host and storage copies then
-finish in the same order at the same point of every run, so the counted
-figures never depend on thread timing. A request therefore always gets what
-the tiers hold (the ``wait_complete`` prefetch policy, which the replay sets).
-
-The KV spec is tiny (1 layer, 1 KV head, head_dim 1, float16): the tiers
-really copy and store bytes, but few of them. Without tiers no KV tensor is
-allocated at all (``allocate_kv=False``): the tree and the accounting are the
-same either way.
-
-What is counted (after the warmup), per request, from the engine's handle:
-``hit_device``, ``hit_host``, ``hit_storage`` (prompt tokens found in each
-tier at admission) and ``cached_len`` once the loads settled (prefill tokens
-saved; equal to the hits unless a copy failed). Admission always leaves one
-token to compute, in whole pages: a fully cached prompt of k full pages hits
-k - 1 of them. Requests run one at a time in file order (timestamps are not
-used), so none overlap. A prompt needing more pages than the device pool has
-is rejected and counted apart. Decode is off by default: the trace does not
-say what was generated, so synthesized output tokens are never matched by a
-later prompt; with ``--decode`` they only take room, as real outputs would.
+"""``replay``: a Mooncake trace through the real ``RadixCache``, one request
+at a time, and the figures counted. The method (settling, what is counted)
+is described where ``radixcache replay -h`` shows it: the docstring of
+``radixcache.cli.replay.command``.
 """
 
 from __future__ import annotations
@@ -61,7 +27,8 @@ from radixcache.tree.policies import make_eviction_policy
 from radixcache.tiers import HostTiers, TierConfig
 from radixcache.transfer import KVSpec
 from radixcache.cli.quota_option import quota_document
-from radixcache.cli.replay.trace import BLOCK_SIZE, TraceRequest, decode_tokens, prompt_tokens
+from radixcache.cli.replay.presets import BLOCK_SIZE
+from radixcache.cli.replay.trace import TraceRequest, decode_tokens, prompt_tokens
 from radixcache.tenants import QuotaBook
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.cli.replay.presets import BLOCK_SIZE
 from radixcache.tokens import TokenArray
 
-BLOCK_SIZE = 512  # tokens per Mooncake hash block
 _KEYS = ("input_length", "output_length", "hash_ids")  # required on every line
 
 

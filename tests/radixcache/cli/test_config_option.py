@@ -15,7 +15,7 @@ from radixcache.cli import build_parser
 from radixcache.cli.config_option import apply_config, given_dests
 from radixcache.cli.parser import UsageError
 from radixcache.cli.quota_option import quota_document
-from radixcache.cli.replay.capacity import MODEL_PRESETS
+from radixcache.cli.replay.presets import MODEL_PRESETS
 from tests.radixcache.cli.clikit import ROOT, TRACE, assert_one_line_error, run_cli
 
 SIZES = ["--device", "cpu", "--tenants", "2", "--chats", "3", "--turns", "2", "--system", "128",

@@ -10,7 +10,8 @@ import re
 import pytest
 
 from radixcache.cli import build_parser, main
-from radixcache.cli.demo.noisy import GOAL, NoisyDefault, default_quotas, resolve_defaults
+from radixcache.cli.demo.command import NoisyDefault, resolve_defaults
+from radixcache.cli.demo.noisy import GOAL, default_quotas
 
 # Small enough for a second or two per run: the quiet tenant's chats take ~16
 # device pages; ten noisy prompts of 8 pages come between two quiet requests,

@@ -173,7 +173,7 @@ def test_bench_storage_runs_without_the_encryption_extra_and_says_what_it_skippe
 def test_fresh_deletes_the_slot_file_of_a_store_of_large_pages(tmp_path: Path) -> None:
     """Pages of 64 KiB and more keep their KV bytes in the store's slot file
     (the default demo's 128 KiB pages do): --fresh deletes it with the rest."""
-    from radixcache.cli.demo.command import clear_store
+    from radixcache.cli.demo.run import clear_store
     from radixcache.offload.lmdb.slots import SLOT_FILE
 
     names = ["data.mdb", "lock.mdb", "radixcache.lock", SLOT_FILE]
