@@ -91,7 +91,7 @@ ENGINE_SGLANG = next(  # the SGLang launch line of "Inside vLLM and SGLang"
 RUNS: dict[str, Run] = {
     "pip install torch==2.13.0 && pip install -e . && radixcache demo": Run(
         _cli("radixcache demo"), "the demo as written; the pip steps run in .ci/run"),
-    "pip install torch==2.13.0 && pip install -e '.[test]' && bash .ci/install-extras && python -m pytest tests": Run(
+    "pip install torch==2.13.0 && pip install -e '.[test]' && bash .ci/install-extras && python -m pytest -n auto tests": Run(
         None, ".ci/run runs these four steps (test_ci_runs_the_readme_test_command)"),
     "radixcache demo": Run(_cli("radixcache demo"), "as written: the first command's run"),
     "radixcache -h": Run(_cli("radixcache -h"), "as written"),
@@ -149,7 +149,7 @@ def test_the_list_is_the_readme() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     for step in ("pip install --quiet torch==2.13.0", "pip install --quiet -e '.[test]'",
-                 "bash .ci/install-extras\n", "python3 -m pytest tests\n"):
+                 "bash .ci/install-extras\n", "python3 -m pytest -n auto tests\n"):
         assert step in ci, step
 
 
