@@ -68,10 +68,13 @@ def resolve_defaults(args: argparse.Namespace) -> None:
 
 class DefaultDevice:
     """``--device``'s default: ``cuda`` where torch sees a GPU, else ``cpu``.
-    Torch is asked when the value is shown (``-h``) or used (``str``), not
-    when the options are parsed: importing it takes seconds."""
+    Torch is asked only when the run uses it (``resolve``): importing it
+    takes seconds, which parsing and ``demo -h`` do not wait for."""
 
-    def __str__(self) -> str:
+    def __str__(self) -> str:  # as help shows it
+        return "cuda where torch sees a GPU, else cpu"
+
+    def resolve(self) -> str:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
