@@ -58,14 +58,6 @@ class NoisyDefault(int):
         return (NoisyDefault, (int(self), self.noisy))
 
 
-def resolve_defaults(args: argparse.Namespace) -> None:
-    """Replace every NoisyDefault in ``args`` by the plain int of the mode
-    (``args.noisy_neighbor``)."""
-    for dest, value in vars(args).items():
-        if isinstance(value, NoisyDefault):
-            setattr(args, dest, value.noisy if args.noisy_neighbor else int(value))
-
-
 class DefaultDevice:
     """``--device``'s default: ``cuda`` where torch sees a GPU, else ``cpu``.
     Torch is asked only when the run uses it (``resolve``): importing it
@@ -78,6 +70,17 @@ class DefaultDevice:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_defaults(args: argparse.Namespace) -> None:
+    """Replace every default decided at run time by its plain value: each
+    NoisyDefault by the int of the mode (``args.noisy_neighbor``), a
+    DefaultDevice by the device torch sees."""
+    for dest, value in vars(args).items():
+        if isinstance(value, NoisyDefault):
+            setattr(args, dest, value.noisy if args.noisy_neighbor else int(value))
+        elif isinstance(value, DefaultDevice):
+            setattr(args, dest, value.resolve())
 
 
 def sized(text: str, default: int, noisy: int) -> dict[str, Any]:

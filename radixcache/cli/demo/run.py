@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from radixcache.cache import RadixCache
-from radixcache.cli.demo.command import DefaultDevice, resolve_defaults
+from radixcache.cli.demo.command import resolve_defaults
 from radixcache.cli.demo.noisy import run_noisy_neighbor
 from radixcache.cli.demo.report import store_size, summary, tenant_lines
 from radixcache.cli.demo.runner import (Runner, build_cache, describe_workload, serve_chats,
@@ -92,8 +92,8 @@ def describe_events(publisher: EventPublisher) -> str:
 def run(args: argparse.Namespace) -> int:
     """``radixcache demo`` (or ``--noisy-neighbor``): 0 on success; UsageError
     for options or a store that cannot be used."""
-    resolve_defaults(args)  # --noisy-neighbor's sizes, where none was given
-    device = args.device.resolve() if isinstance(args.device, DefaultDevice) else str(args.device)
+    resolve_defaults(args)  # --noisy-neighbor's sizes and the device, where none was given
+    device = str(args.device)
     try:
         torch.device(device)
     except RuntimeError as err:

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from radixcache.cli import build_parser, command_function
+from radixcache.cli.demo.command import resolve_defaults
 from tests.radixcache.cli.clikit import ROOT, TRACE
 
 # modules (and their submodules) that only running a command may load
@@ -104,6 +105,9 @@ def test_the_demos_default_device_is_decided_when_it_runs(capsys: pytest.Capture
     (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     default = sub.choices["demo"].get_default("device")
     assert default.resolve() == ("cuda" if torch.cuda.is_available() else "cpu")
+    args = sub.choices["demo"].parse_args([])
+    resolve_defaults(args)  # what the run does first
+    assert args.device == default.resolve()
     with pytest.raises(SystemExit):
         sub.choices["demo"].parse_args(["-h"])
     assert "(default: cuda where torch sees a GPU, else cpu)" in " ".join(capsys.readouterr().out.split())
