@@ -26,10 +26,11 @@ from radixcache.cli.parser import UsageError, describe
 from radixcache.events import NullEventPublisher, PublisherConfig, ZmqEventPublisher
 from radixcache.events.publisher import EventPublisher
 from radixcache.namespace import Namespace
+from radixcache.offload.lmdb.slots import SLOT_FILE
 from radixcache.transfer import KVSpec
 
 # what --fresh deletes: LMDB's files, the owner lock, the slot file (offload/lmdb/slots.py)
-STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock", "kv.slots"})
+STORE_FILES = frozenset({"data.mdb", "lock.mdb", "radixcache.lock", SLOT_FILE})
 
 
 def clear_store(path: Path) -> list[str]:
