@@ -11,6 +11,14 @@ what SGLang's scheduler calls per request, the device indices and the lock
 included) and, for the lookups and the insert, its Rust core's call alone
 (``sglang_rust_core``: the walk, the insert call). The second is the
 stricter one: every ratio against it is smaller.
+
+On our side, each lookup and the insert also time their memory floor
+(``tree_floor``: the prompt's copy and the token compare alone, interleaved
+with the rest): a row gets ``memory_floor``, ``above_floor`` (bookkeeping)
+and ``bound_below_floor`` (an absolute bound no cache that copies the
+prompt and compares tokens can meet here); with the peer's core,
+``ratio_core_ceiling`` (its call over our floor, per run: the best ratio
+such a cache could reach against it).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from radixcache.cli.bench import tree_api, verdict
+from radixcache.cli.bench import tree_api, tree_floor, verdict
 from radixcache.cli.bench.sglang_tree import SglangTree, load
 from radixcache.cli.bench.tree_api import timed
 
@@ -109,15 +117,24 @@ def measure(
     }
 
     def both(ours: Callable[[int], object], theirs: Callable[[Any, int], object], n: int,
-             core: Callable[[Any, int], object] | None = None) -> tuple[list[float], ...]:
-        if peer is None:
-            return interleaved(ours, None, n)
-        more = () if core is None else (lambda i: core(peer, i),)
-        return interleaved(ours, lambda i: theirs(peer, i), n, *more)
+             core: Callable[[Any, int], object] | None = None,
+             floor: Callable[[int], object] | None = None) -> dict[str, list[float]]:
+        """Each side's seconds per call, interleaved: "ours", "peer" (empty
+        without one), "core" (the peer's core call, when given) and "floor"
+        (tree_floor.py, when given)."""
+        more: dict[str, Callable[[int], object]] = {}
+        if peer is not None and core is not None:
+            more["core"] = lambda i: core(peer, i)
+        if floor is not None:
+            more["floor"] = floor
+        sides = interleaved(ours, None if peer is None else (lambda i: theirs(peer, i)), n, *more.values())
+        return dict(zip(("ours", "peer", *more), sides))
 
     if peer is not None:
         peer.insert_s.clear()
-    first_s = both(lambda i: tree_api.serve(cache, w.first[i]), lambda t, i: t.serve(keys["first"][i]), len(w.first))
+    insert_floor, kept = tree_floor.insert(w.first, tree_api.SYSTEM)
+    first_s = both(lambda i: tree_api.serve(cache, w.first[i]), lambda t, i: t.serve(keys["first"][i]),
+                   len(w.first), floor=insert_floor)
     insert_call_s = [] if peer is None else list(peer.insert_s)
     second_s = both(lambda i: tree_api.serve(cache, seconds[i]), lambda t, i: t.serve(keys["second"][i]), len(seconds))
     for i, doc in enumerate(w.long):
@@ -127,12 +144,13 @@ def measure(
     cases = {"hit_32k": (w.long, "long"), "hit_4k": (w.first, "first"), "miss_4k": ([w.miss4k], "miss4k"),
              "miss_32k": ([w.miss32k], "miss32k")}
 
-    def lookup(arrays: list[np.ndarray], key: str) -> tuple[list[float], ...]:
+    def lookup(name: str, arrays: list[np.ndarray], key: str) -> dict[str, list[float]]:
         return both(lambda i: tree_api.probe(cache, arrays[i % len(arrays)]),
                     lambda t, i: t.probe(keys[key][i % len(keys[key])]), s.reps,
-                    lambda t, i: t.match(keys[key][i % len(keys[key])]))
+                    lambda t, i: t.match(keys[key][i % len(keys[key])]),
+                    tree_floor.lookup(arrays, hit=name.startswith("hit")))
 
-    looked = {name: lookup(arrays, key) for name, (arrays, key) in cases.items()}
+    looked = {name: lookup(name, arrays, key) for name, (arrays, key) in cases.items()}
     evicted: list[tuple[float, int]] = []
     peer_evicted: list[float] = []
     tree_pages = float(cache.tree.device_pages)
@@ -144,7 +162,7 @@ def measure(
             elif peer is not None:
                 peer_evicted += timed(lambda _: peer.evict_pages(10_000), 1)
     cache.check_integrity()
-    del cache, peer
+    del cache, peer, kept
     gc.collect()
     replay_cache = tree_api.make_cache(s.replay_capacity)
     replay_peer: SglangTree | None = None if make is None else make(s.replay_capacity)
@@ -164,9 +182,11 @@ def measure(
     traced = tree_api.bytes_per_page(w.first, w.turns, w.long, capacity)
     mine = {
         "tree_pages": tree_pages,
-        **{f"{k}_us": tree_api.us(v[0]) for k, v in looked.items()},
-        "insert_4k_us": tree_api.us(first_s[0]),
-        "insert_turn2_us": tree_api.us(second_s[0]),
+        **{f"{k}_us": tree_api.us(v["ours"]) for k, v in looked.items()},
+        **{f"floor_{k}_us": tree_api.us(v["floor"]) for k, v in looked.items()},
+        "insert_4k_us": tree_api.us(first_s["ours"]),
+        "floor_insert_4k_us": tree_api.us(first_s["floor"]),
+        "insert_turn2_us": tree_api.us(second_s["ours"]),
         "evict_10k_ms": round(statistics.median(t for t, _ in evicted) * 1e3, 3),
         "evict_pages_freed": float(statistics.median(p for _, p in evicted)),
         "replay_req_per_s": round(len(seqs) / sum(replayed[0])),
@@ -182,12 +202,12 @@ def measure(
         return mine, None
     theirs = {
         "tree_pages": peer_pages,
-        **{f"{k}_us": tree_api.us(v[1]) for k, v in looked.items()},
-        "insert_4k_us": tree_api.us(first_s[1]),
-        "insert_turn2_us": tree_api.us(second_s[1]),
+        **{f"{k}_us": tree_api.us(v["peer"]) for k, v in looked.items()},
+        "insert_4k_us": tree_api.us(first_s["peer"]),
+        "insert_turn2_us": tree_api.us(second_s["peer"]),
         "evict_10k_ms": round(statistics.median(peer_evicted) * 1e3, 3),
         "replay_req_per_s": round(len(seqs) / sum(replayed[1])),
-        **{f"core_{k}_us": tree_api.us(v[2]) for k, v in looked.items()},
+        **{f"core_{k}_us": tree_api.us(v["core"]) for k, v in looked.items()},
         "core_insert_4k_us": tree_api.us(insert_call_s),
     }
     return mine, theirs
@@ -221,6 +241,11 @@ def table(
         abs_ok = mine >= t.bound if t.higher_is_better else mine <= t.bound
         row["target"] = f"{'>=' if t.higher_is_better else '<='} {t.bound:g} {t.unit}"
         row["absolute"] = verdict(abs_ok, caveat)
+        floor = "floor_" + t.figure
+        if floor in runs_ours[0]:  # the copy and the compare alone, same runs (tree_floor.py)
+            row["memory_floor"] = statistics.median(r[floor] for r in runs_ours)
+            row["above_floor"] = round(mine - row["memory_floor"], 2)
+            row["bound_below_floor"] = t.bound < row["memory_floor"]
         if runs_peer and t.figure in runs_peer[0]:
             row["sglang_rust"], row["ratio_vs_sglang"] = _against(t, runs_ours, runs_peer, t.figure)
             if t.min_ratio is not None:
@@ -231,6 +256,9 @@ def table(
                 row["sglang_rust_core"], row["ratio_vs_sglang_core"] = _against(t, runs_ours, runs_peer, core)
                 if t.min_ratio is not None:
                     row["ratio_core"] = verdict(row["ratio_vs_sglang_core"] >= t.min_ratio, caveat)
+                if "memory_floor" in row:  # the best ratio a cache that copies and compares could reach
+                    row["ratio_core_ceiling"] = round(statistics.median(
+                        b[core] / a["floor_" + t.figure] for a, b in zip(runs_ours, runs_peer)), 2)
         elif t.min_ratio is not None:
             row["ratio_target"] = f">= {t.min_ratio:g}x"
             row["ratio"] = "not measured (no peer)"

@@ -6,9 +6,10 @@ import importlib
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
-from radixcache.cli.bench import sglang_tree, tree, tree_api, tree_replay, tree_targets
+from radixcache.cli.bench import sglang_tree, tree, tree_api, tree_floor, tree_replay, tree_targets
 
 
 def test_command_reports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
@@ -22,6 +23,13 @@ def test_command_reports_every_target(capsys: pytest.CaptureFixture[str]) -> Non
         assert row["absolute"] in ("pass (indicative only: see note)",
                                    "fail (indicative only: see note)")
     assert out["targets"]["peer"] == "SGLang baseline not requested"
+    floored = {r["figure"]: r for r in rows if "memory_floor" in r}
+    lookups = {t.label for t in tree_targets.TARGETS if t.figure.startswith(("hit_", "miss_", "insert_"))}
+    assert set(floored) == lookups  # the four lookups and the insert carry their floor
+    for row in floored.values():
+        assert row["memory_floor"] > 0
+        assert row["above_floor"] == round(row["radixcache"] - row["memory_floor"], 2)
+        assert isinstance(row["bound_below_floor"], bool)
     (run,) = out["public_api"]["runs"]
     assert run["evict_pages_freed"] == 10_000  # page-granular: exactly what was asked
     assert 0.5 < run["replay_hit_ratio"] < 1.0
@@ -57,6 +65,41 @@ def test_table_reports_the_rust_core_alone_beside_the_scheduler_path() -> None:
     assert hit["ratio_vs_sglang_core"] == 2.5  # median of 2.0, 2.5, 3.5
     assert hit["ratio_core"] == "fail"  # under 3x against the core alone
     assert "ratio_core" not in rows["match 4k full miss"]  # no core figure for it
+    assert "ratio_core_ceiling" not in hit  # no floor in these runs
+    floored = [r | {"floor_hit_4k_us": f} for r, f in zip(ours, (5.0, 10.0, 10.0))]
+    hit = {r["figure"]: r for r in tree_targets.table(floored, peer, "peer")["rows"]}["match 4k full hit"]
+    assert hit["ratio_core_ceiling"] == 3.5  # median of 20/5, 25/10, 35/10
+
+
+def test_table_sets_each_figure_beside_its_memory_floor() -> None:
+    names = [t.figure for t in tree_targets.TARGETS]
+    ours = [dict.fromkeys(names, 10.0) | {"floor_hit_4k_us": f, "floor_miss_4k_us": 1.0}
+            for f in (6.0, 7.0, 9.0)]
+    rows = {r["figure"]: r for r in tree_targets.table(ours, None, "none")["rows"]}
+    hit = rows["match 4k full hit"]
+    assert hit["memory_floor"] == 7.0 and hit["above_floor"] == 3.0  # medians
+    assert hit["bound_below_floor"] is True  # <= 5 us is under a 7 us floor
+    assert rows["match 4k full miss"]["bound_below_floor"] is False  # <= 3 us over a 1 us floor
+    assert "memory_floor" not in rows["mixed multi-turn replay"]
+
+
+def test_floor_copies_the_prompt_and_compares_what_a_hit_compares() -> None:
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 1000, 4096, dtype=np.int32) for _ in range(3)]
+    hit = tree_floor.lookup(prompts, hit=True)
+    assert hit(4) == 4080  # prompts[1]: 4095 usable tokens, 255 whole pages agree
+    miss = tree_floor.lookup(prompts, hit=False)
+    own = miss(2)
+    assert isinstance(own, np.ndarray) and np.array_equal(own, prompts[2])
+    assert not np.shares_memory(own, prompts[2])  # a copy, as admit takes
+    bad = [np.array([5, -1], dtype=np.int32)]
+    with pytest.raises(ValueError, match="negative"):
+        tree_floor.lookup(bad, hit=False)(0)
+    floor, kept = tree_floor.insert(prompts, 1024)
+    floor(0)
+    floor(1)
+    assert [k.size for k in kept] == [3072, 3072]  # the new tokens, kept as a tree keeps keys
+    assert np.array_equal(kept[1], prompts[1][1024:])
 
 
 def test_the_two_sides_take_turns_in_chunks_the_first_swapped_each_time() -> None:
