@@ -19,6 +19,11 @@ as from LMDB's map), verified with the lead. The read
 registers with the slot file for as long as its transaction lasts, so no
 slot its snapshot names is written meanwhile.
 
+A thread that waits on a read's ticket without a timeout (an engine's
+blocking get, the tiers' drain) runs queued reads itself meanwhile
+(``PageReader.helping``): it starts at once instead of waking a reader,
+and the reads run on one thread more.
+
 A record that cannot be authenticated (encryption at rest) is deleted like
 a corrupt one: the store is this engine's alone (``delete_unreadable``).
 
@@ -48,6 +53,7 @@ class LmdbReader(PageReader):
     """Serves ``get`` on ``num_readers`` threads, from one environment."""
 
     delete_unreadable = True  # one process owns the store: nobody else's records
+    helping = True  # a read is copies out of the map: a waiting thread may do it
 
     def __init__(
         self, store: LmdbEnv, writer: LmdbWriter, clock: Clock, *, num_readers: int

@@ -170,7 +170,7 @@ class StorageBase:
         rkeys, toks, pages = self._checked(keys, tokens, host, host_pages)
         tag = None if namespace is None else self._tag(namespace)
         framing = self.codec.framing(check_tenant(tenant))
-        ticket = FutureTicket()
+        ticket = self._reader.ticket()
         if not rkeys:
             ticket.finish(0)
             return ticket

@@ -22,7 +22,11 @@ deployments it may be theirs, written under their keys, and deleting it
 would let one misconfigured engine wipe the pool; there it stays until its
 TTL (README: "Encryption at rest").
 
-A ticket always finishes. What a backend supplies (its transport):
+A ticket always finishes. Where the backend says ``helping``, a thread
+that waits on a read's ticket without a timeout runs queued reads itself
+(``HelpingTicket``, radixcache/transfer/workers.py) while it would block.
+
+What a backend supplies (its transport):
 
 * ``_values(job, host_bytes)``: a generator of the stored values of
   ``job.keys``, in order: ``None`` for a key not stored, else the record
@@ -46,7 +50,8 @@ from collections.abc import Generator
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.transfer.workers import DaemonPool
+from radixcache.transfer.ticket import FutureTicket
+from radixcache.transfer.workers import DaemonPool, HelpingTicket
 from radixcache.offload.rate_limit import RateLimitedLog
 from radixcache.offload.storage.contract import StorageError, StorageUnavailable
 from radixcache.offload.storage.crypt.codec import Unreadable
@@ -65,6 +70,10 @@ class PageReader:
     # Delete records that cannot be authenticated: True only for a store that
     # is this engine's alone (see the module docstring).
     delete_unreadable = False
+    # A thread waiting on a read's ticket (without a timeout) runs queued
+    # reads itself (``HelpingTicket``): for a transport whose reads any
+    # thread may do, with nothing kept per reader thread (LMDB's map).
+    helping = False
 
     def __init__(self, writer: JobWriter, *, num_readers: int, thread_name: str) -> None:
         self._writer = writer  # deletes records that fail verification
@@ -73,6 +82,10 @@ class PageReader:
         self._pool = DaemonPool(num_readers, thread_name)
         self.unavailable = 0  # reads cut short because the store was unreachable
         self._warn = RateLimitedLog(log)  # unreadable records repeat under load
+
+    def ticket(self) -> FutureTicket:
+        """A new read's ticket (see ``helping``)."""
+        return HelpingTicket(self._pool) if self.helping else FutureTicket()
 
     def submit(self, job: ReadJob) -> None:
         """Read ``job`` on a pool thread; its ticket gets the leading pages served."""
@@ -115,6 +128,15 @@ class PageReader:
 
     # -- the shared path ---------------------------------------------------------
     def _read(self, job: ReadJob) -> None:
+        try:
+            self._read_job(job)
+        except BaseException:  # (an interrupt on a thread that helps): the ticket still ends
+            if not job.ticket.done():
+                self._counters.add(failed_ops=1)
+                job.ticket.fail(StorageError(f"{self._where} read interrupted"))
+            raise
+
+    def _read_job(self, job: ReadJob) -> None:
         n = len(job.keys)
         try:
             served, corrupt, unreadable = self._read_pages(job)

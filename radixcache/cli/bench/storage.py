@@ -13,6 +13,9 @@ drift from run to run::
                     the records in the OS page cache (checksums verified), on
                     the store's two reader threads (the default) and, as
                     ``lmdb_1_reader``, on one (like the plain file loop);
+                    the bench waits on each ticket without a timeout, as an
+                    engine's blocking get does, so its thread reads queued
+                    requests too (``PageReader.helping``);
                     the default config: the KV bytes of these pages (64 KiB
                     and more) in the slot file (offload/lmdb/slots.py)
 
