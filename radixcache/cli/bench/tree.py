@@ -17,7 +17,7 @@ admit/reserve/commit/release with events recorded and drained after every
 request, ``runs`` times, next to SGLang's ``UnifiedRadixCache`` with its Rust
 tree core (``radixcache.cli.bench.sglang_tree``, when importable), and the
 target table with pass/fail (``radixcache.cli.bench.tree_targets``), each
-lookup and the insert beside its memory floor (``tree_floor``: the prompt's
+lookup and the insert beside its memory floor (``tree_api.floor_*``: the prompt's
 copy and the token compare alone). Pin to one core for figures:
 ``taskset -c 1 python -m radixcache bench tree``.
 """
@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from radixcache.cli.bench import tree_floor, tree_targets
+from radixcache.cli.bench import tree_targets
 from radixcache.cli.bench.tree_replay import mixed_replay, replay_requests
-from radixcache.cli.bench.tree_api import VOCAB, Workload, timed
+from radixcache.cli.bench.tree_api import FLOOR_CALLS, VOCAB, Workload, timed
 from radixcache.cli.bench.naive import NaiveCache, naive_page_hashes
 from radixcache.tree.policies import make_eviction_policy
 from radixcache.keys.hashing import block_ids, chain_keys, namespace_seed
@@ -230,8 +230,8 @@ def run(quick: bool, runs: int = 1, with_peer: bool = False) -> dict[str, Any]:
         # glibc's allocator settings for this process (README "Benchmarks":
         # glibc.malloc.hugetlb=1 takes most page faults off tree growth)
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-        # whose copy and compare the targets' memory floors time (tree_floor.py)
-        "memory_floor_calls": tree_floor.IMPLEMENTATION,
+        # whose copy and compare the targets' memory floors time (tree_api.floor_*)
+        "memory_floor_calls": FLOOR_CALLS,
         "tree_pages": tree.device_pages,
         "tree_nodes": tree.node_count,
         "tree_level": "RadixTree and PageAllocator alone, no events, against the naive cache",

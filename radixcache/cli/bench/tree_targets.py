@@ -13,7 +13,7 @@ included) and, for the lookups and the insert, its Rust core's call alone
 stricter one: every ratio against it is smaller.
 
 On our side, each lookup and the insert also time their memory floor
-(``tree_floor``: the prompt's copy and the token compare alone, interleaved
+(``tree_api.floor_*``: the prompt's copy and the token compare alone, interleaved
 with the rest): a row gets ``memory_floor``, ``above_floor`` (bookkeeping)
 and ``bound_below_floor`` (an absolute bound no cache that copies the
 prompt and compares tokens can meet here); with the peer's core,
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from radixcache.cli.bench import tree_api, tree_floor, verdict
+from radixcache.cli.bench import tree_api, verdict
 from radixcache.cli.bench.sglang_tree import SglangTree, load
 from radixcache.cli.bench.tree_api import timed
 
@@ -121,7 +121,7 @@ def measure(
              floor: Callable[[int], object] | None = None) -> dict[str, list[float]]:
         """Each side's seconds per call, interleaved: "ours", "peer" (empty
         without one), "core" (the peer's core call, when given) and "floor"
-        (tree_floor.py, when given)."""
+        (``tree_api.floor_*``, when given)."""
         more: dict[str, Callable[[int], object]] = {}
         if peer is not None and core is not None:
             more["core"] = lambda i: core(peer, i)
@@ -132,7 +132,7 @@ def measure(
 
     if peer is not None:
         peer.insert_s.clear()
-    insert_floor, kept = tree_floor.insert(w.first, tree_api.SYSTEM)
+    insert_floor, kept = tree_api.floor_insert(w.first, tree_api.SYSTEM)
     first_s = both(lambda i: tree_api.serve(cache, w.first[i]), lambda t, i: t.serve(keys["first"][i]),
                    len(w.first), floor=insert_floor)
     insert_call_s = [] if peer is None else list(peer.insert_s)
@@ -148,7 +148,7 @@ def measure(
         return both(lambda i: tree_api.probe(cache, arrays[i % len(arrays)]),
                     lambda t, i: t.probe(keys[key][i % len(keys[key])]), s.reps,
                     lambda t, i: t.match(keys[key][i % len(keys[key])]),
-                    tree_floor.lookup(arrays, hit=name.startswith("hit")))
+                    tree_api.floor_lookup(arrays, hit=name.startswith("hit")))
 
     looked = {name: lookup(name, arrays, key) for name, (arrays, key) in cases.items()}
     evicted: list[tuple[float, int]] = []
@@ -242,7 +242,7 @@ def table(
         row["target"] = f"{'>=' if t.higher_is_better else '<='} {t.bound:g} {t.unit}"
         row["absolute"] = verdict(abs_ok, caveat)
         floor = "floor_" + t.figure
-        if floor in runs_ours[0]:  # the copy and the compare alone, same runs (tree_floor.py)
+        if floor in runs_ours[0]:  # the copy and the compare alone, same runs (tree_api.floor_*)
             row["memory_floor"] = statistics.median(r[floor] for r in runs_ours)
             row["above_floor"] = round(mine - row["memory_floor"], 2)
             row["bound_below_floor"] = t.bound < row["memory_floor"]

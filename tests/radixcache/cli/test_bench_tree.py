@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from radixcache.cli.bench import sglang_tree, tree, tree_api, tree_floor, tree_replay, tree_targets
+from radixcache.cli.bench import sglang_tree, tree, tree_api, tree_replay, tree_targets
 
 
 def test_command_reports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,16 +86,16 @@ def test_table_sets_each_figure_beside_its_memory_floor() -> None:
 def test_floor_copies_the_prompt_and_compares_what_a_hit_compares() -> None:
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 1000, 4096, dtype=np.int32) for _ in range(3)]
-    hit = tree_floor.lookup(prompts, hit=True)
+    hit = tree_api.floor_lookup(prompts, hit=True)
     assert hit(4) == 4080  # prompts[1]: 4095 usable tokens, 255 whole pages agree
-    miss = tree_floor.lookup(prompts, hit=False)
+    miss = tree_api.floor_lookup(prompts, hit=False)
     own = miss(2)
     assert isinstance(own, np.ndarray) and np.array_equal(own, prompts[2])
     assert not np.shares_memory(own, prompts[2])  # a copy, as admit takes
     bad = [np.array([5, -1], dtype=np.int32)]
     with pytest.raises(ValueError, match="negative"):
-        tree_floor.lookup(bad, hit=False)(0)
-    floor, kept = tree_floor.insert(prompts, 1024)
+        tree_api.floor_lookup(bad, hit=False)(0)
+    floor, kept = tree_api.floor_insert(prompts, 1024)
     floor(0)
     floor(1)
     assert [k.size for k in kept] == [3072, 3072]  # the new tokens, kept as a tree keeps keys
