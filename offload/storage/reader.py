@@ -130,10 +130,12 @@ class PageReader:
     def _read(self, job: ReadJob) -> None:
         try:
             self._read_job(job)
-        except BaseException:  # (an interrupt on a thread that helps): the ticket still ends
+        except BaseException as exc:  # (an interrupt on a thread that helps, an error in a hook)
+            # the ticket still ends: nothing waits on it forever
             if not job.ticket.done():
                 self._counters.add(failed_ops=1)
-                job.ticket.fail(StorageError(f"{self._where} read interrupted"))
+                why = f"failed: {exc!r}" if isinstance(exc, Exception) else "interrupted"
+                job.ticket.fail(StorageError(f"{self._where} read {why}"))
             raise
 
     def _read_job(self, job: ReadJob) -> None:

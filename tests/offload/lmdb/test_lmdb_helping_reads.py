@@ -101,3 +101,21 @@ def test_close_with_reads_queued_behind_a_held_reader_serves_them(kit: StoreKit)
     store.close()  # waits for the held call and the queued read
     assert ticket.done() and ticket.result() == 2
     assert np.array_equal(host.as_bytes()[:2], pages)
+
+
+def test_an_error_after_the_pages_were_read_still_ends_the_ticket(
+    kit: StoreKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = kit.open(num_readers=1)
+    keys, _ = _put(kit, store, 2)
+
+    def served(self: LmdbReader, served_keys: list[bytes]) -> None:
+        raise RuntimeError("index gone")
+
+    monkeypatch.setattr(LmdbReader, "_served", served)
+    ticket = store.get(keys, kit.tokens(2), kit.host(16), kit.ids(0, 1))
+    assert ticket.wait(10)  # on the reader thread: it fails, it does not hang
+    assert isinstance(ticket.error, StorageError) and "index gone" in str(ticket.error)
+    monkeypatch.undo()
+    assert kit.done(store.get(keys, kit.tokens(2), kit.host(16), kit.ids(0, 1))) == 2
+    store.check_integrity()
