@@ -128,14 +128,18 @@ class PageReader:
 
     # -- the shared path ---------------------------------------------------------
     def _read(self, job: ReadJob) -> None:
+        # Whatever escapes the read or its hooks, the ticket ends: nothing
+        # waits on it forever.
         try:
             self._read_job(job)
-        except BaseException as exc:  # (an interrupt on a thread that helps, an error in a hook)
-            # the ticket still ends: nothing waits on it forever
+        except Exception as exc:  # nothing escapes the thread: the backend says what it means
             if not job.ticket.done():
                 self._counters.add(failed_ops=1)
-                why = f"failed: {exc!r}" if isinstance(exc, Exception) else "interrupted"
-                job.ticket.fail(StorageError(f"{self._where} read {why}"))
+                self._read_failed(job, exc)
+        except BaseException:  # an interrupt on a thread that helps: it goes on to that thread
+            if not job.ticket.done():
+                self._counters.add(failed_ops=1)
+                job.ticket.fail(StorageError(f"{self._where} read interrupted"))
             raise
 
     def _read_job(self, job: ReadJob) -> None:
@@ -146,10 +150,6 @@ class PageReader:
             self.unavailable += 1
             self._counters.add(failed_ops=1, hits=cut.served, misses=n - cut.served)
             job.ticket.finish(cut.served)
-            return
-        except Exception as exc:  # nothing escapes the thread, no ticket hangs
-            self._counters.add(failed_ops=1)
-            self._read_failed(job, exc)
             return
         if served:
             self._served(job.keys[:served])

@@ -28,6 +28,7 @@ from radixcache.cache import CacheConfig, RadixCache
 from radixcache.native import compiled as native_core  # None on the pure-Python path
 from radixcache.tenants import QuotaBook, TenantQuota
 from radixcache.transfer import KVSpec
+from radixcache.tree.node import common_len  # the tree's compare (the compiled core's, where built)
 
 P = 16
 SYSTEM = 1024  # tokens of the system prompt every first turn starts with
@@ -234,13 +235,6 @@ def _floor_copy(tokens: np.ndarray) -> np.ndarray:
     return out
 
 
-def _floor_same(cached: np.ndarray, tokens: np.ndarray) -> int:
-    """How many leading tokens agree (whole pages), as the tree compares."""
-    if native_core is not None:
-        return native_core.common_len(cached, tokens, 0, cached.size, P)
-    return cached.size if np.array_equal(cached, tokens[: cached.size]) else 0
-
-
 def floor_cached_tokens(prompt: np.ndarray) -> np.ndarray:
     """A full hit's cached tokens for ``prompt``: its whole pages but the
     last token (always computed), in memory of their own."""
@@ -257,7 +251,7 @@ def floor_lookup(prompts: list[np.ndarray], hit: bool) -> Callable[[int], object
 
     def floor(i: int) -> object:
         own = _floor_copy(prompts[i % n])
-        return _floor_same(cached[i % n], own) if hit else own
+        return common_len(cached[i % n], own, 0, cached[i % n].size, P) if hit else own
 
     return floor
 
@@ -271,7 +265,7 @@ def floor_insert(prompts: list[np.ndarray], shared: int) -> tuple[Callable[[int]
 
     def floor(i: int) -> object:
         own = _floor_copy(prompts[i])
-        _floor_same(cached[i], own)
+        common_len(cached[i], own, 0, shared, P)
         kept.append(_floor_copy(own[shared:]))
         return own
 
