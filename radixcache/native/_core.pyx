@@ -62,9 +62,6 @@ cdef object _I32 = np.dtype(np.int32)
 cdef object _I64 = np.dtype(np.int64)
 cdef object _U64 = np.dtype(np.uint64)
 cdef object _ascontiguous = np.ascontiguousarray
-cdef uint64_t _B = 0x9E3779B97F4A7C15ULL
-cdef uint64_t _M = 0xBF58476D1CE4E5B9ULL
-cdef uint64_t _MASK63 = 0x7FFFFFFFFFFFFFFFULL
 
 
 cdef class Node:

@@ -2,22 +2,49 @@
 # References: radixcache/keys/hashing.py ``block_ids``, radixcache/keys/event_ids.py
 # ``EventIds.run_ids``, ``node_ids``, ``last_id`` and ``chain_start``.
 
-cdef uint64_t _fill_ids(const uint32_t* t, Py_ssize_t n, Py_ssize_t page_size, uint64_t prev,
-                        const uint64_t* k, int64_t* o) noexcept nogil:
+# The page ids' loop, in C so that the common page sizes get a loop of
+# their own: with the size a constant, the compiler unrolls and vectorizes
+# a page's 16 (32, 64) multiplies; with the size a variable it ran ~2.5x
+# slower at 16 tokens a page (17 against 6.8 ns a page here). The ids are
+# the same either way (the tests hold both to radixcache/keys/hashing.py).
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <stddef.h>
+
+    static inline __attribute__((always_inline)) uint64_t rc_ids_loop(
+            const uint32_t* t, ptrdiff_t n, ptrdiff_t p, uint64_t prev, const uint64_t* k, int64_t* o) {
+        for (ptrdiff_t i = 0; i < n; i++) {
+            uint64_t x = 0;
+            for (ptrdiff_t j = 0; j < p; j++) x += (uint64_t)t[i * p + j] * k[j];
+            x ^= x >> 29;
+            prev = (0x9E3779B97F4A7C15ULL * prev + 0xBF58476D1CE4E5B9ULL * x) & 0x7FFFFFFFFFFFFFFFULL;
+            if (o) o[i] = (int64_t)prev;
+        }
+        return prev;
+    }
+
+    static uint64_t rc_fill_ids(const uint32_t* t, ptrdiff_t n, ptrdiff_t p, uint64_t prev,
+                                const uint64_t* k, int64_t* o) {
+        switch (p) {
+            case 16: return rc_ids_loop(t, n, 16, prev, k, o);
+            case 32: return rc_ids_loop(t, n, 32, prev, k, o);
+            case 64: return rc_ids_loop(t, n, 64, prev, k, o);
+            default: return rc_ids_loop(t, n, p, prev, k, o);
+        }
+    }
+    """
+    uint64_t rc_fill_ids(const uint32_t* t, Py_ssize_t n, Py_ssize_t p, uint64_t prev,
+                         const uint64_t* k, int64_t* o) noexcept nogil
+
+
+cdef inline uint64_t _fill_ids(const uint32_t* t, Py_ssize_t n, Py_ssize_t page_size, uint64_t prev,
+                               const uint64_t* k, int64_t* o) noexcept nogil:
     """The ids of the ``n`` pages at ``t`` chaining from ``prev`` into ``o``
     (NULL: only the last is wanted); returns the last one (``prev`` when
-    ``n`` is 0)."""
-    cdef Py_ssize_t i, j
-    cdef uint64_t x
-    for i in range(n):
-        x = 0
-        for j in range(page_size):
-            x += <uint64_t>t[i * page_size + j] * k[j]
-        x ^= x >> 29
-        prev = (_B * prev + _M * x) & _MASK63
-        if o != NULL:
-            o[i] = <int64_t>prev
-    return prev
+    ``n`` is 0). The multipliers are radixcache/keys/hashing.py's ``_B``
+    and ``_M``, the mask its ``ID_LIMIT - 1``."""
+    return rc_fill_ids(t, n, page_size, prev, k, o)
 
 
 def block_ids(object tokens, Py_ssize_t page_size, uint64_t start, object lanes):

@@ -103,11 +103,12 @@ def _python_node_slots() -> tuple[str, ...]:
     return tuple(s.strip().strip('",') for s in body.split() if s.strip().strip('",'))
 
 
-tokens32 = st.lists(st.integers(0, 2**31 - 1), max_size=8 * 16).map(lambda v: np.asarray(v, dtype=np.int32))
+tokens32 = st.lists(st.integers(0, 2**31 - 1), max_size=4 * 64).map(lambda v: np.asarray(v, dtype=np.int32))
 
 
-@settings(max_examples=200, deadline=None)
-@given(tokens32, st.sampled_from([1, 2, 4, 16]), st.one_of(st.none(), st.integers(0, 2**63 - 1)))
+# (16, 32 and 64 have loops of their own in the core, every other size the general one)
+@settings(max_examples=300, deadline=None)
+@given(tokens32, st.sampled_from([1, 2, 4, 5, 16, 32, 64]), st.one_of(st.none(), st.integers(0, 2**63 - 1)))
 def test_block_ids_equal_the_definition(tokens: np.ndarray, p: int, parent: int | None) -> None:
     core = _core()
     tokens = tokens[: tokens.size - tokens.size % p]
