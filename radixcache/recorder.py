@@ -250,4 +250,4 @@ class EventRecorder:
 
 
 if native_core is not None:  # eviction records its removals in C (radixcache/native/victims.pxi)
-    native_core.bind_recorder(EventRecorder)
+    native_core.bind_recorder(EventRecorder, _Removal)

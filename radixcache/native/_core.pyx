@@ -202,6 +202,11 @@ def common_len(object key, object tokens, Py_ssize_t pos, Py_ssize_t n, Py_ssize
 
 def first_page(object tokens, Py_ssize_t pos, Py_ssize_t page_size):
     """The bytes of the page of ``tokens`` that starts at ``pos`` (a child's key)."""
+    return _first_page(tokens, pos, page_size)
+
+
+cdef object _first_page(object tokens, Py_ssize_t pos, Py_ssize_t page_size):
+    """``first_page`` (C callers: no Python call)."""
     cdef Py_buffer tb
     _read(tokens, &tb)
     try:

@@ -2,6 +2,17 @@
 # eviction. References: radixcache/tree/eviction.py, ``DeviceEviction.evict`` /
 # ``drop_device`` / ``update`` / ``push``.
 
+cdef object _DEVICE_EVICTION = None  # DeviceEviction itself: its push and drop are the C ones here
+
+
+def bind_eviction(device_eviction):
+    """``DeviceEviction`` (radixcache/tree/eviction.py): for an object of
+    exactly that class, eviction calls ``_push`` and ``_drop`` below without
+    a method call; a subclass keeps its own methods."""
+    global _DEVICE_EVICTION
+    _DEVICE_EVICTION = device_eviction
+
+
 cdef int _update(ev, set candidates, Node node) except -1:
     """``DeviceEviction.update`` on ``ev`` (whose ``candidates`` is given):
     ``node`` joins the candidates if it qualifies (its heap entry through
@@ -9,7 +20,23 @@ cdef int _update(ev, set candidates, Node node) except -1:
     if (node.lock_ref == 0 and node.device is not None and node.device_children == 0
             and node.parent is not None and node not in candidates):
         candidates.add(node)
-        ev.push(node)
+        _push_of(ev, node)
+    return 0
+
+
+cdef inline int _push_of(ev, Node node) except -1:
+    """``ev.push(node)``: the C body for a ``DeviceEviction``, the method otherwise."""
+    if type(ev) is _DEVICE_EVICTION:
+        return _push(ev, node)
+    ev.push(node)
+    return 0
+
+
+cdef int _push(ev, Node node) except -1:
+    """``DeviceEviction.push``: a fresh heap entry for ``node``."""
+    seq = next(ev._seq)
+    node.heap_seq = seq
+    _heappush(ev.heap, tuple(_policy_key(ev.policy, node)) + (seq, node))
     return 0
 
 
@@ -20,9 +47,7 @@ def eviction_update(ev, Node node not None):
 
 def eviction_push(ev, Node node not None):
     """``DeviceEviction.push``: a fresh heap entry for ``node``."""
-    seq = next(ev._seq)
-    node.heap_seq = seq
-    _heappush(ev.heap, tuple(_policy_key(ev.policy, node)) + (seq, node))
+    _push(ev, node)
 
 
 def evict_loop(ev, Py_ssize_t num_pages, before_drop):
@@ -41,7 +66,8 @@ def evict_loop(ev, Py_ssize_t num_pages, before_drop):
     policy = ev.policy
     tree = ev.tree
     lower = tree.lower
-    drop = ev.drop_device
+    cdef bint own = type(ev) is _DEVICE_EVICTION  # (its push and drop: the C bodies, no method call)
+    drop = None if own else ev.drop_device
     while count < num_pages and heap:
         entry = _heappop(heap)
         last = len(entry) - 1
@@ -49,7 +75,7 @@ def evict_loop(ev, Py_ssize_t num_pages, before_drop):
         if entry[last - 1] != node.heap_seq or node not in candidates:
             continue  # superseded by a newer entry, or no longer a candidate
         if _policy_key(policy, node) != entry[:last - 1]:
-            ev.push(node)  # touched since it was pushed
+            _push_of(ev, node)  # touched since it was pushed
             continue
         short = num_pages - count
         if short < _len(node.device):
@@ -61,18 +87,23 @@ def evict_loop(ev, Py_ssize_t num_pages, before_drop):
                 skipped = []
             skipped.append(node)  # descendants held by jobs: not now
             continue
-        pages = drop(node)
+        pages = _drop(ev, node) if own else drop(node)
         dev.append(pages)
         count += _len(pages)
     if skipped is not None:
         for node in skipped:  # still candidates: give them their heap entry back
             if node in candidates:
-                ev.push(node)
+                _push_of(ev, node)
     return concat_pages(dev)
 
 
-def drop_device(ev, Node node):
+def drop_device(ev, Node node not None):
     """``DeviceEviction.drop_device`` (see there)."""
+    return _drop(ev, node)
+
+
+cdef object _drop(ev, Node node):
+    """``drop_device`` (C callers: no Python call)."""
     cdef Node parent = node.parent
     cdef Node child
     cdef Py_ssize_t n
@@ -137,7 +168,7 @@ cdef int _unlink(tree, removal, Node node) except -1:
     ``node`` out of its parent; a root left empty goes."""
     cdef Node parent = node.parent
     assert parent is not None and not node.children, "removing an inner node"
-    del parent.children[first_page(node.key, 0, tree.page_size)]
+    del parent.children[_first_page(node.key, 0, tree.page_size)]
     tree.node_count -= 1
     if parent.parent is None and not parent.children:
         roots = removal.roots

@@ -13,6 +13,7 @@
 cdef object _LRU = None, _LFU = None, _FIFO = None, _PRIORITY = None
 cdef object _NO_LOWER = None
 cdef object _RECORDER = None
+cdef object _REMOVAL = None  # the recorder's record of consecutive removals on one medium
 
 
 def bind_policies(lru, lfu, fifo, priority):
@@ -27,10 +28,10 @@ def bind_lower(no_lower):
     _NO_LOWER = no_lower
 
 
-def bind_recorder(recorder):
-    """``EventRecorder`` (radixcache/recorder.py)."""
-    global _RECORDER
-    _RECORDER = recorder
+def bind_recorder(recorder, removal):
+    """``EventRecorder`` and its ``_Removal`` record (radixcache/recorder.py)."""
+    global _RECORDER, _REMOVAL
+    _RECORDER, _REMOVAL = recorder, removal
 
 
 cdef inline object _policy_key(policy, Node node):
@@ -61,11 +62,20 @@ cdef inline bint _resident(lower, Node node) except -1:
 
 cdef int _record_removed(recorder, Node node, object medium) except -1:
     """``recorder.removed(node, medium)``: for an ``EventRecorder``, that
-    method's body, handing the pending removal to its ``_remove`` (which
-    joins it to the last record when that is a removal on the same medium)."""
+    method's body and its ``_remove``'s: the pending removal joins the last
+    record when that is a removal on the same medium, or starts one."""
+    cdef list records
     if type(recorder) is not _RECORDER:
         recorder.removed(node, medium)
         return 0
-    if not node.forgotten:
-        recorder._remove((node.key, recorder.ids.chain_start(node)), medium)
+    if node.forgotten:
+        return 0
+    pending = (node.key, recorder.ids.chain_start(node))
+    records = recorder._records
+    if records:
+        last = records[len(records) - 1]
+        if type(last) is _REMOVAL and last.medium == medium:
+            last.parts.append(pending)
+            return 0
+    records.append(_REMOVAL([pending], medium))
     return 0

@@ -212,3 +212,4 @@ if native_core is not None:  # the same steps, compiled (radixcache/native/_core
     DeviceEviction.drop_device = native_core.drop_device  # type: ignore[method-assign]
     DeviceEviction.update = native_core.eviction_update  # type: ignore[method-assign]
     DeviceEviction.push = native_core.eviction_push  # type: ignore[method-assign]
+    native_core.bind_eviction(DeviceEviction)  # (its own calls of these skip the method lookup)

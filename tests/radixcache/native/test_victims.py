@@ -7,6 +7,7 @@ events) to the pure-Python path."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from radixcache.namespace import Namespace
 from radixcache.recorder import EventRecorder
@@ -84,3 +85,89 @@ def test_removals_are_recorded_as_the_recorder_records_them() -> None:
     tree2.eviction.evict(1)
     assert calls == ["GPU"]
     assert isinstance(tree2.eviction, DeviceEviction)
+
+
+def _fresh(tree: RadixTree, tokens: list[int]) -> object:
+    """Insert ``tokens`` with page ids no other page of ``tree`` has (the
+    pages already cached keep theirs); the node they end in."""
+    arr = np.asarray(tokens, dtype=np.int32)
+    start = tree.node_count * 1000
+    tree.insert(Namespace(), arr, np.arange(start, start + arr.size // P, dtype=np.int32))
+    return tree.match(Namespace(), arr).last_device_node
+
+
+def test_a_subclass_of_the_eviction_keeps_its_own_push_and_drop() -> None:
+    """``DeviceEviction`` itself gets its ``push`` and ``drop_device`` as C
+    calls inside eviction; a subclass's own methods are still the ones called."""
+    calls: list[str] = []
+
+    class Watched(DeviceEviction):
+        def push(self, node: object) -> None:
+            calls.append("push")
+            super().push(node)  # type: ignore[arg-type]
+
+        def drop_device(self, node: object) -> object:
+            calls.append("drop")
+            return super().drop_device(node)  # type: ignore[arg-type]
+
+    tree = RadixTree(P, policies.make_eviction_policy("lru"))
+    tree.eviction = Watched(tree, tree.eviction.policy)
+    _fresh(tree, [1, 1, 1, 1, 2, 2, 2, 2])
+    _fresh(tree, [1, 1, 1, 1, 5, 5, 5, 5])  # a split: [1] with two one-page children
+    assert "push" in calls and "drop" not in calls
+    calls.clear()
+    freed = tree.eviction.evict(3)  # both children, then their parent (a candidate once they went)
+    assert freed.device_pages.size == 3
+    assert calls.count("drop") == 3
+    assert "push" in calls[calls.index("drop") + 1:]  # the parent's entry, through the subclass
+    assert tree.device_pages == 0
+    tree.check_integrity()
+
+
+def test_the_plain_eviction_takes_the_same_victims_through_its_c_calls() -> None:
+    """Without a subclass, the same tree evicts the same pages, in the same
+    order, as through the subclass above (whose calls are the methods)."""
+
+    class Plain(DeviceEviction):  # the methods, called as methods
+        pass
+
+    freed = []
+    for kind in (None, Plain):
+        tree = RadixTree(P, policies.make_eviction_policy("lru"))
+        if kind is not None:
+            tree.eviction = kind(tree, tree.eviction.policy)
+        for k in range(6):
+            _fresh(tree, [k] * 4 + [k + 1] * 4 + [k + 2] * 4)
+            tree.tick += 1
+        freed.append([tree.eviction.evict(n).device_pages.tolist() for n in (1, 4, 3, 5)])
+        tree.check_integrity()
+    assert freed[0] == freed[1]
+
+
+@pytest.mark.parametrize("store_between", [False, True])
+def test_a_removal_after_another_record_starts_a_record_of_its_own(store_between: bool) -> None:
+    """The C path's records, record for record, equal the recorder's own
+    methods' where the removal cannot join the last record (a removal on
+    another medium, or a store) and where it can (the next victim's)."""
+    sides = []
+    for through_c in (True, False):
+        tree = RadixTree(P, policies.make_eviction_policy("lru"))
+        recorder = EventRecorder(tree)
+        tree.recorder = recorder
+        a = _fresh(tree, [7, 7, 7, 7, 8, 8, 8, 8])
+        b = None if store_between else _fresh(tree, [9, 9, 9, 9])
+        recorder.take()
+        recorder.removed(a, "CPU_PINNED")  # another medium's removal last
+        if store_between:
+            b = _fresh(tree, [9, 9, 9, 9])  # then a store
+        if through_c:
+            tree.eviction.evict(3)  # a's 2 pages and b's 1, in LRU order: one record
+        else:
+            for node in (a, b):
+                recorder.removed(node, "GPU")  # type: ignore[arg-type]
+        events = recorder.take()
+        sides.append([(type(e).__name__, e.medium, list(e.block_hashes)) for e in events])
+    kinds = ["BlockRemoved", "BlockStored", "BlockRemoved"] if store_between else ["BlockRemoved"] * 2
+    assert [kind for kind, _, _ in sides[0]] == kinds
+    assert sides[0][-1][1] == "GPU" and len(sides[0][-1][2]) == 3
+    assert sides[0] == sides[1]
