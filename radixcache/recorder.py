@@ -249,5 +249,5 @@ class EventRecorder:
         return out
 
 
-if native_core is not None:  # eviction records its removals in C (radixcache/native/victims.pxi)
-    native_core.bind_recorder(EventRecorder, _Removal)
+if native_core is not None:  # eviction's removals and an insert's stores are recorded in C (native/victims.pxi)
+    native_core.bind_recorder(EventRecorder, _Removal, _Store)

@@ -151,6 +151,22 @@ cdef int _sub_device(ledger, namespace, Py_ssize_t n) except -1:
     return 0
 
 
+cdef int _add_device(ledger, namespace, Py_ssize_t n, bint evictable) except -1:
+    """``TenantLedger.add_device(namespace, n, evictable)`` (radixcache/tenants/ledger.py),
+    its tenant key looked up as ``key`` does (the method when it is not known yet)."""
+    keys = getattr(ledger, "_keys", None)
+    if type(keys) is not dict:  # another ledger: its own method
+        ledger.add_device(namespace, n, evictable)
+        return 0
+    key = (<dict>keys).get(namespace, _MISSING)
+    if key is _MISSING:
+        key = ledger.key(namespace)
+    _count_sub(ledger.device, key, -n)
+    if evictable and ledger.book is not None:
+        _count_sub(ledger.evictable, key, -n)
+    return 0
+
+
 cdef int _count_sub(dict counts, key, Py_ssize_t n) except -1:
     """The ledger's ``_add(counts, key, -n)``: a count that reaches 0 leaves the dict."""
     cdef Py_ssize_t left = <Py_ssize_t>counts.get(key, 0) - n

@@ -3,6 +3,46 @@
 
 GPU = "GPU"  # the device medium as the tree records it (radix_tree.GPU)
 
+cdef object _RADIX_TREE = None  # RadixTree itself: its attach_pages is ``_attach`` here
+
+
+def bind_tree(radix_tree):
+    """``RadixTree`` (radixcache/tree/radix_tree.py): an insert into a tree
+    of exactly that class attaches pages without a method call (``_attach``);
+    a subclass keeps its own ``attach_pages``."""
+    global _RADIX_TREE
+    _RADIX_TREE = radix_tree
+
+
+cdef int _attach(tree, Node node, object pages) except -1:
+    """``tree.attach_pages(node, pages)``: for a ``RadixTree``, that method's
+    body (counters, the tenant ledger, the eviction candidates)."""
+    cdef Node parent = node.parent
+    cdef Py_ssize_t n
+    cdef bint free
+    if type(tree) is not _RADIX_TREE:
+        tree.attach_pages(node, pages)
+        return 0
+    assert node.device is None and parent is not None, "attach_pages to a node with pages, or a root"
+    n = _len(pages)
+    free = node.lock_ref == 0
+    node.device = pages
+    tree.device_pages += n
+    if free:
+        tree.evictable_pages += n
+    ledger = tree.ledger
+    if ledger is not None:
+        _add_device(ledger, node.namespace, n, free)
+    parent.device_children += 1
+    ev = tree.eviction
+    candidates = ev.candidates
+    candidates.discard(parent)
+    if type(ev) is _DEVICE_EVICTION:
+        _update(ev, candidates, node)
+    else:
+        ev.update(node)
+    return 0
+
 
 cdef object _copy_range(object arr, Py_ssize_t start, Py_ssize_t stop):
     """``arr[start:stop].copy()`` of a C-contiguous int32 array: one
@@ -23,8 +63,10 @@ cdef object _copy_range(object arr, Py_ssize_t start, Py_ssize_t stop):
 def insert_walk(tree, Node root, namespace, object tokens, object pages, object priority, object tick):
     """``RadixTree._insert_walk``: the steps of ``insert`` below ``root``
     (``tokens`` and ``pages`` checked; any integer arrays); the fields of
-    its ``InsertResult``, in order. Splits, adoptions, page attachment and
-    event records go through the tree's own methods, as there."""
+    its ``InsertResult``, in order. Splits and adoptions go through the
+    tree's own methods, as there; page attachment and the stores' event
+    records are those methods' bodies in C for the project's own tree and
+    recorder (``_attach``, ``_record_stored``), the methods for any other."""
     cdef Py_buffer tb
     cdef Py_ssize_t p = tree.page_size
     cdef Py_ssize_t total, pos = 0, existing = 0, matched
@@ -61,8 +103,8 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
             if child in candidates:
                 eviction.push(child)  # its key changed: keep the heap fresh
             if child.device is None:
-                tree.attach_pages(child, _copy_range(pages, pos // p, (pos + matched) // p))
-                recorder.stored(child, 0, matched // p, GPU)
+                _attach(tree, child, _copy_range(pages, pos // p, (pos + matched) // p))
+                _record_stored(recorder, child, 0, matched // p, GPU)
                 new_nodes.append(child)
                 offsets.append(pos // p)
             elif existing * p == pos:
@@ -78,7 +120,7 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
     if pos < total and tree._can_extend(node):
         old_pages = _len(node.key) // p
         tree._extend_leaf(node, tokens[pos:], pages[pos // p:])
-        recorder.stored(node, old_pages, (total - pos) // p, GPU)
+        _record_stored(recorder, node, old_pages, (total - pos) // p, GPU)
         new_nodes.append(node)
         offsets.append(pos // p)
         parts.append(_copy_range(pages, pos // p, total // p))
@@ -88,8 +130,8 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
         leaf.priority = priority
         node.children[key] = leaf
         tree.node_count += 1
-        tree.attach_pages(leaf, _copy_range(pages, pos // p, total // p))
-        recorder.stored(leaf, 0, (total - pos) // p, GPU)
+        _attach(tree, leaf, _copy_range(pages, pos // p, total // p))
+        _record_stored(recorder, leaf, 0, (total - pos) // p, GPU)
         new_nodes.append(leaf)
         offsets.append(pos // p)
         parts.append(leaf.device)

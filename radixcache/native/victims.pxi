@@ -6,6 +6,7 @@
 #   _policy_key      EvictionPolicy.key        radixcache/tree/policies.py
 #   _resident        NoLowerTiers.resident     radixcache/tree/lower.py
 #   _record_removed  EventRecorder.removed     radixcache/recorder.py
+#   _record_stored   EventRecorder.stored      radixcache/recorder.py (an insert's)
 #
 # Each C branch is the method's body; the eviction tests hold both paths to
 # the same victims and events (tests/radixcache/native/test_victims.py).
@@ -14,6 +15,7 @@ cdef object _LRU = None, _LFU = None, _FIFO = None, _PRIORITY = None
 cdef object _NO_LOWER = None
 cdef object _RECORDER = None
 cdef object _REMOVAL = None  # the recorder's record of consecutive removals on one medium
+cdef object _STORE = None  # ... and of a store
 
 
 def bind_policies(lru, lfu, fifo, priority):
@@ -28,10 +30,10 @@ def bind_lower(no_lower):
     _NO_LOWER = no_lower
 
 
-def bind_recorder(recorder, removal):
-    """``EventRecorder`` and its ``_Removal`` record (radixcache/recorder.py)."""
-    global _RECORDER, _REMOVAL
-    _RECORDER, _REMOVAL = recorder, removal
+def bind_recorder(recorder, removal, store):
+    """``EventRecorder`` and its ``_Removal`` and ``_Store`` records (radixcache/recorder.py)."""
+    global _RECORDER, _REMOVAL, _STORE
+    _RECORDER, _REMOVAL, _STORE = recorder, removal, store
 
 
 cdef inline object _policy_key(policy, Node node):
@@ -78,4 +80,24 @@ cdef int _record_removed(recorder, Node node, object medium) except -1:
             last.parts.append(pending)
             return 0
     records.append(_REMOVAL([pending], medium))
+    return 0
+
+
+cdef int _record_stored(recorder, Node node, Py_ssize_t start, Py_ssize_t count, object medium) except -1:
+    """``recorder.stored(node, start, count, medium)`` for a device medium (an
+    insert's stores): for an ``EventRecorder``, that method's body and its
+    ``_append``'s (a read-only view of the pages' tokens; no storage keys)."""
+    cdef Py_ssize_t p
+    if type(recorder) is not _RECORDER:
+        recorder.stored(node, start, count, medium)
+        return 0
+    if count <= 0 or node.forgotten:
+        return 0
+    parent, run = recorder.ids.run_ids(node, start, count)
+    p = recorder.page_size
+    key = node.key
+    tokens = key if start == 0 and count * p == _len(key) else key[start * p:(start + count) * p]
+    view = tokens.view()
+    view.flags.writeable = False
+    recorder._records.append(_STORE(run, parent, view, node.namespace, medium))
     return 0
