@@ -9,7 +9,9 @@ module to:
 
     Node            radixcache/tree/node.py         Node
     MatchResult     radixcache/tree/node.py         MatchResult
+    InsertResult    radixcache/tree/node.py         InsertResult
     match           radixcache/tree/radix_tree.py   RadixTree.match (and _walk)
+    insert          radixcache/tree/radix_tree.py   RadixTree.insert
     insert_walk     radixcache/tree/radix_tree.py   RadixTree._insert_walk
     lock, unlock    radixcache/tree/radix_tree.py   RadixTree.lock / unlock
     evict_loop      radixcache/tree/eviction.py     DeviceEviction.evict
@@ -153,6 +155,38 @@ cdef class MatchResult:
             f"MatchResult(device_len={self.device_len!r}, device_pages={self.device_pages!r}, "
             f"last_device_node={self.last_device_node!r}, host_len={self.host_len!r}, "
             f"host_nodes={self.host_nodes!r}, storage_len={self.storage_len!r})"
+        )
+
+
+cdef class InsertResult:
+    """``InsertResult`` of ``radixcache/tree/node.py`` as a C struct: the same
+    fields, the same meaning (read that class's docstring)."""
+
+    cdef public object existing_pages
+    cdef public list device_parts
+    cdef public object last_node
+    cdef public list new_nodes
+    cdef public list new_node_offsets
+    cdef public object inserted_pages
+
+    def __init__(self, existing_pages, list device_parts, last_node, list new_nodes,
+                 list new_node_offsets, inserted_pages):
+        self.existing_pages = existing_pages
+        self.device_parts = device_parts
+        self.last_node = last_node
+        self.new_nodes = new_nodes
+        self.new_node_offsets = new_node_offsets
+        self.inserted_pages = inserted_pages
+
+    @property
+    def device_pages(self):
+        return concat_pages(self.device_parts)
+
+    def __repr__(self):
+        return (
+            f"InsertResult(existing_pages={self.existing_pages!r}, device_parts={self.device_parts!r}, "
+            f"last_node={self.last_node!r}, new_nodes={self.new_nodes!r}, "
+            f"new_node_offsets={self.new_node_offsets!r}, inserted_pages={self.inserted_pages!r})"
         )
 
 

@@ -60,6 +60,33 @@ cdef object _copy_range(object arr, Py_ssize_t start, Py_ssize_t stop):
     return out
 
 
+def insert(tree, namespace, object tokens, object pages, object priority=0):
+    """``RadixTree.insert`` (see there): the checks, the namespace's root, the
+    tick, the walk (``_insert_walk``: the C one below for a ``RadixTree``,
+    the method for a subclass) and its ``InsertResult``."""
+    cdef Py_ssize_t p = tree.page_size
+    cdef Py_ssize_t total = tokens.size
+    cdef InsertResult r
+    if total % p:
+        raise ValueError(f"insert takes whole pages: {total} tokens is not a multiple of {p}")
+    if pages.size * p != total:
+        raise ValueError(f"{total} tokens need {total // p} pages, got {pages.size}")
+    roots = tree._roots
+    root = roots.get(namespace)
+    if root is None:
+        root = Node(tokens[:0].copy(), None, namespace, -1)
+        roots[namespace] = root
+    tick = tree.tick + 1
+    tree.tick = tick
+    if type(tree) is _RADIX_TREE:
+        walked = insert_walk(tree, <Node?>root, namespace, tokens, pages, priority, tick)
+    else:
+        walked = tree._insert_walk(root, namespace, tokens, pages, priority, tick)
+    r = InsertResult.__new__(InsertResult)
+    r.existing_pages, r.device_parts, r.last_node, r.new_nodes, r.new_node_offsets, r.inserted_pages = walked
+    return r
+
+
 def insert_walk(tree, Node root, namespace, object tokens, object pages, object priority, object tick):
     """``RadixTree._insert_walk``: the steps of ``insert`` below ``root``
     (``tokens`` and ``pages`` checked; any integer arrays); the fields of

@@ -196,3 +196,4 @@ class ForgetResult:
 
 if native_core is not None:  # the same record as a C struct (radixcache/native/_core.pyx)
     MatchResult = native_core.MatchResult  # type: ignore[misc]  # noqa: F811
+    InsertResult = native_core.InsertResult  # type: ignore[misc]  # noqa: F811

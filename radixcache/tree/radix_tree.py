@@ -405,6 +405,7 @@ class RadixTree:
 
 if native_core is not None:  # the same loops, compiled (radixcache/native/_core.pyx)
     RadixTree.match = native_core.match  # type: ignore[method-assign]
+    RadixTree.insert = native_core.insert  # type: ignore[method-assign]
     RadixTree._insert_walk = native_core.insert_walk  # type: ignore[method-assign]
     native_core.bind_tree(RadixTree)  # (the walk attaches pages without a method call)
     RadixTree.lock = native_core.lock  # type: ignore[method-assign]

@@ -96,6 +96,31 @@ def test_the_compiled_match_result_is_the_python_one() -> None:
     assert repr(m).startswith("MatchResult(device_len=8, device_pages=array([0, 1]")
 
 
+def test_the_compiled_insert_result_is_the_python_one() -> None:
+    """The same fields, in order, and the same derived page ids as the dataclass."""
+    core = _core()
+    src = (ROOT / "radixcache" / "tree" / "node.py").read_text()
+    body = src[src.index("class InsertResult:"): src.index("@property", src.index("class InsertResult:"))]
+    names = [line.split(":")[0].strip() for line in body.splitlines()
+             if line.startswith("    ") and ":" in line and not line.strip().startswith(('"', "#"))]
+    assert names == ["existing_pages", "device_parts", "last_node", "new_nodes", "new_node_offsets",
+                     "inserted_pages"], names
+    parts = [np.arange(2, dtype=np.int32), np.arange(5, 8, dtype=np.int32)]
+    values = [1, parts, None, [], [0], 5]
+    r = core.InsertResult(*values)
+    assert [getattr(r, f) for f in names] == values
+    assert r.device_pages.tolist() == [0, 1, 5, 6, 7] == node_module.concat_pages(parts).tolist()
+    assert repr(r).startswith("InsertResult(existing_pages=1, device_parts=[array([0, 1]")
+    tree = RadixTree(4, make_eviction_policy("lru"))
+    got = tree.insert(DEFAULT_NAMESPACE, np.arange(8, dtype=np.int32), np.array([3, 4], np.int32))
+    assert type(got) is node_module.InsertResult  # (the compiled one where the core is in use)
+    assert (got.existing_pages, got.inserted_pages, got.device_pages.tolist()) == (0, 2, [3, 4])
+    with pytest.raises(ValueError, match="whole pages"):
+        tree.insert(DEFAULT_NAMESPACE, np.arange(6, dtype=np.int32), np.array([3], np.int32))
+    with pytest.raises(ValueError, match="need 2 pages, got 1"):
+        tree.insert(DEFAULT_NAMESPACE, np.arange(8, dtype=np.int32), np.array([3], np.int32))
+
+
 def _python_node_slots() -> tuple[str, ...]:
     src = (ROOT / "radixcache" / "tree" / "node.py").read_text()
     start = src.index("__slots__ = (")
