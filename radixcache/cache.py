@@ -258,9 +258,8 @@ class RadixCache(BulkCalls):
         # Unlock first: the insert may then extend the request's own leaf in
         # place (nothing can be evicted between here and the lock below).
         req.unlock(self.tree)
-        result = self.tree.insert(
-            req.namespace, req.tokens[: full * p], req.page_table[:full], req.priority
-        )
+        tokens, pages = req.first_pages(full, p)
+        result = self.tree.insert(req.namespace, tokens, pages, req.priority)
         # A node being loaded back (its device pages in flight) stops the insert
         # early: the pages after it stay private to this request and are
         # inserted by a later commit or freed at release.

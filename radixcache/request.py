@@ -133,6 +133,11 @@ class Request:
         """True when no page of ``page_table`` is still being loaded."""
         return not self.pending
 
+    def first_pages(self, pages: int, page_size: int) -> tuple[TokenArray, PageIds]:
+        """The tokens and page ids of the first ``pages`` pages, as views (for
+        the tree's insert, which copies what it keeps and writes neither)."""
+        return self._tokens[: pages * page_size], self._pages[:pages]
+
     @property
     def page_table(self) -> PageIds:
         """Device page ids covering positions ``[0, reserved_tokens)`` (a view)."""

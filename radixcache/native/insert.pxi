@@ -60,6 +60,17 @@ cdef object _copy_range(object arr, Py_ssize_t start, Py_ssize_t stop):
     return out
 
 
+cdef bint _can_extend(tree, Node node) except -1:
+    """``tree._can_extend(node)``: for a ``RadixTree``, that method's body
+    (its lower tiers' ``bare`` asked only of a plain device leaf)."""
+    if type(tree) is not _RADIX_TREE:
+        return bool(tree._can_extend(node))
+    if node.parent is None or node.children or node.lock_ref != 0 or node.device is None:
+        return False
+    lower = tree.lower
+    return type(lower) is _NO_LOWER or bool(lower.bare(node))
+
+
 def insert(tree, namespace, object tokens, object pages, object priority=0):
     """``RadixTree.insert`` (see there): the checks, the namespace's root, the
     tick, the walk (``_insert_walk``: the C one below for a ``RadixTree``,
@@ -144,7 +155,7 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
     if pos < total and child is not None:
         # stopped at a node being loaded back: the rest stays with the caller
         return existing, parts, node, new_nodes, offsets, pos // p
-    if pos < total and tree._can_extend(node):
+    if pos < total and _can_extend(tree, node):
         old_pages = _len(node.key) // p
         tree._extend_leaf(node, tokens[pos:], pages[pos // p:])
         _record_stored(recorder, node, old_pages, (total - pos) // p, GPU)
