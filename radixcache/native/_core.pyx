@@ -171,12 +171,9 @@ cdef class InsertResult:
 
     def __init__(self, existing_pages, list device_parts, last_node, list new_nodes,
                  list new_node_offsets, inserted_pages):
-        self.existing_pages = existing_pages
-        self.device_parts = device_parts
-        self.last_node = last_node
-        self.new_nodes = new_nodes
-        self.new_node_offsets = new_node_offsets
-        self.inserted_pages = inserted_pages
+        # (the order of the walk's tuple: ``insert`` builds one from it)
+        self.existing_pages, self.device_parts, self.last_node = existing_pages, device_parts, last_node
+        self.new_nodes, self.new_node_offsets, self.inserted_pages = new_nodes, new_node_offsets, inserted_pages
 
     @property
     def device_pages(self):

@@ -77,7 +77,6 @@ def insert(tree, namespace, object tokens, object pages, object priority=0):
     the method for a subclass) and its ``InsertResult``."""
     cdef Py_ssize_t p = tree.page_size
     cdef Py_ssize_t total = tokens.size
-    cdef InsertResult r
     if total % p:
         raise ValueError(f"insert takes whole pages: {total} tokens is not a multiple of {p}")
     if pages.size * p != total:
@@ -93,9 +92,7 @@ def insert(tree, namespace, object tokens, object pages, object priority=0):
         walked = insert_walk(tree, <Node?>root, namespace, tokens, pages, priority, tick)
     else:
         walked = tree._insert_walk(root, namespace, tokens, pages, priority, tick)
-    r = InsertResult.__new__(InsertResult)
-    r.existing_pages, r.device_parts, r.last_node, r.new_nodes, r.new_node_offsets, r.inserted_pages = walked
-    return r
+    return InsertResult(*walked)
 
 
 def insert_walk(tree, Node root, namespace, object tokens, object pages, object priority, object tick):

@@ -78,13 +78,18 @@ def test_the_compiled_insert_records_stores_under_the_tree_s_medium() -> None:
     assert _core().GPU == radix_tree.GPU
 
 
+def _dataclass_fields(name: str) -> list[str]:
+    """The fields of the dataclass ``name`` of radixcache/tree/node.py, in order (its source)."""
+    src = (ROOT / "radixcache" / "tree" / "node.py").read_text()
+    body = src[src.index(f"class {name}:"): src.index("@property", src.index(f"class {name}:"))]
+    return [line.split(":")[0].strip() for line in body.splitlines()
+            if line.startswith("    ") and ":" in line and not line.strip().startswith(('"', "#"))]
+
+
 def test_the_compiled_match_result_is_the_python_one() -> None:
     """The same fields, defaults, mutability and derived length as the dataclass."""
     core = _core()
-    src = (ROOT / "radixcache" / "tree" / "node.py").read_text()
-    body = src[src.index("class MatchResult:"): src.index("@property", src.index("class MatchResult:"))]
-    names = [line.split(":")[0].strip() for line in body.splitlines()
-             if line.startswith("    ") and ":" in line and not line.strip().startswith(('"', "#"))]
+    names = _dataclass_fields("MatchResult")
     assert names == ["device_len", "device_pages", "last_device_node", "host_len", "host_nodes",
                      "storage_len"], names
     pages = np.arange(2, dtype=np.int32)
@@ -99,10 +104,7 @@ def test_the_compiled_match_result_is_the_python_one() -> None:
 def test_the_compiled_insert_result_is_the_python_one() -> None:
     """The same fields, in order, and the same derived page ids as the dataclass."""
     core = _core()
-    src = (ROOT / "radixcache" / "tree" / "node.py").read_text()
-    body = src[src.index("class InsertResult:"): src.index("@property", src.index("class InsertResult:"))]
-    names = [line.split(":")[0].strip() for line in body.splitlines()
-             if line.startswith("    ") and ":" in line and not line.strip().startswith(('"', "#"))]
+    names = _dataclass_fields("InsertResult")
     assert names == ["existing_pages", "device_parts", "last_node", "new_nodes", "new_node_offsets",
                      "inserted_pages"], names
     parts = [np.arange(2, dtype=np.int32), np.arange(5, 8, dtype=np.int32)]
