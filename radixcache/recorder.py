@@ -20,11 +20,11 @@ id: no router was told of it by this engine. ``unknown_removals`` counts them.
 No blake2b runs for a page that is not on storage: a stored page's keys are
 those its store job cached on the node.
 
-Recording is cheap on purpose: a store keeps the page ids as one int64
-array (computed in one pass over the tokens, no Python int per page) and a
-read-only view of the tokens; ``take`` builds the records from them, handing
-both over as arrays, and the publisher's thread builds their Python ints when
-it encodes them (``events.types``: a record's ``block_hashes`` is made a list
+Recording is cheap on purpose: a store's record is its ``BlockStored``,
+built at once with the page ids as one int64 array (computed in one pass
+over the tokens, no Python int per page) and a read-only view of the
+tokens; ``take`` hands both over as arrays, and the publisher's thread
+builds their Python ints when it encodes them (``events.types``: a record's ``block_hashes`` is made a list
 when first read). A removed node's ids are not computed on the owner thread
 at all: the removal keeps the node's tokens and the id they chain from, and
 its record's ids are ``DeferredIds``, computed by whoever reads them first.
@@ -59,17 +59,6 @@ STORAGE_MEDIA: frozenset[str] = frozenset((DISK, EXTERNAL))  # media whose remov
 def _ns_fields(ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
     """``cache_salt`` and the per-block ``extra_keys`` entry of a namespace."""
     return ns.wire_salt(), ns.event_extra()
-
-
-@dataclass(slots=True)
-class _Store:
-    """A recorded store, built into a ``BlockStored`` by ``take``."""
-
-    ids: BlockIds  # the pages' event ids (nothing else holds them; never written)
-    parent: int | None  # id of the page before the first
-    tokens: npt.NDArray[np.int32]  # read-only view of all their tokens
-    namespace: Namespace
-    medium: str
 
 
 @dataclass(slots=True)
@@ -130,7 +119,7 @@ class EventRecorder:
         self._keys = PageKeys(tree.page_size)
         self.storage_ids = StorageIds()  # storage key -> id, for removals known by key
         self.unknown_removals = 0  # removed storage keys never announced here: not announced
-        self._records: list[_Store | _Removal | AllBlocksCleared] = []  # since the last take
+        self._records: list[BlockStored | _Removal | AllBlocksCleared] = []  # since the last take
         self._ns: dict[Namespace, tuple[str | None, tuple[Any, ...] | None]] = {}
 
     def stored(self, node: Node, start: int, count: int, medium: str) -> None:
@@ -178,21 +167,24 @@ class EventRecorder:
         # on the owner thread; the encoder writes them as a list): of a node's
         # key, which the tree never changes in place, or of the fresh array a
         # survivors' announcement builds.
+        # A store's record is its event, built here (a removal's waits for
+        # ``take``: it may join the next ones). The ids stay an int64 array
+        # until the event is read (``BlockStored``).
         view = tokens.view()
         view.flags.writeable = False
-        self._records.append(_Store(ids, parent, view, ns, medium))
+        salt, extra = self.event_fields(ns)
+        self._records.append(BlockStored(
+            ids, parent, view, self.page_size, ns.lora_id, cast(Medium, medium), ns.lora_name,
+            salt, None if extra is None else [extra] * len(ids),
+        ))
 
-    def _stored_event(self, r: _Store) -> BlockStored:
-        ns = r.namespace
+    def event_fields(self, ns: Namespace) -> tuple[str | None, tuple[Any, ...] | None]:
+        """``cache_salt`` and the per-block ``extra_keys`` entry of ``ns``'s
+        stores (computed once per namespace)."""
         fields = self._ns.get(ns)
         if fields is None:
             fields = self._ns[ns] = _ns_fields(ns)
-        salt, extra = fields
-        ids = r.ids
-        return BlockStored(
-            ids, r.parent, r.tokens, self.page_size, ns.lora_id, cast(Medium, r.medium), ns.lora_name,
-            salt, None if extra is None else [extra] * len(ids),
-        )
+        return fields
 
     def removed(self, node: Node, medium: str) -> None:
         if node.forgotten:
@@ -231,8 +223,8 @@ class EventRecorder:
         records, self._records = self._records, []
         out: list[KvEvent] = []
         for r in records:
-            if type(r) is _Store:
-                out.append(self._stored_event(r))
+            if type(r) is BlockStored:
+                out.append(r)
             elif type(r) is _Removal:
                 parts = r.parts
                 arrays = [x for x in parts if isinstance(x, np.ndarray)]
@@ -250,4 +242,4 @@ class EventRecorder:
 
 
 if native_core is not None:  # eviction's removals and an insert's stores are recorded in C (native/victims.pxi)
-    native_core.bind_recorder(EventRecorder, _Removal, _Store)
+    native_core.bind_recorder(EventRecorder, _Removal, BlockStored)

@@ -15,7 +15,7 @@ cdef object _LRU = None, _LFU = None, _FIFO = None, _PRIORITY = None
 cdef object _NO_LOWER = None
 cdef object _RECORDER = None
 cdef object _REMOVAL = None  # the recorder's record of consecutive removals on one medium
-cdef object _STORE = None  # ... and of a store
+cdef object _STORED = None  # ... and a store's record, its event (radixcache/events/types.py)
 
 
 def bind_policies(lru, lfu, fifo, priority):
@@ -30,10 +30,11 @@ def bind_lower(no_lower):
     _NO_LOWER = no_lower
 
 
-def bind_recorder(recorder, removal, store):
-    """``EventRecorder`` and its ``_Removal`` and ``_Store`` records (radixcache/recorder.py)."""
-    global _RECORDER, _REMOVAL, _STORE
-    _RECORDER, _REMOVAL, _STORE = recorder, removal, store
+def bind_recorder(recorder, removal, stored):
+    """``EventRecorder`` and its records: ``_Removal`` (radixcache/recorder.py)
+    and ``BlockStored``, which a store's record is."""
+    global _RECORDER, _REMOVAL, _STORED
+    _RECORDER, _REMOVAL, _STORED = recorder, removal, stored
 
 
 cdef inline object _policy_key(policy, Node node):
@@ -99,5 +100,9 @@ cdef int _record_stored(recorder, Node node, Py_ssize_t start, Py_ssize_t count,
     tokens = key if start == 0 and count * p == _len(key) else key[start * p:(start + count) * p]
     view = tokens.view()
     view.flags.writeable = False
-    recorder._records.append(_STORE(run, parent, view, node.namespace, medium))
+    ns = node.namespace
+    fields = recorder._ns.get(ns)  # (``event_fields``'s cache, the method when it misses)
+    salt, extra = recorder.event_fields(ns) if fields is None else fields
+    recorder._records.append(_STORED(run, parent, view, p, ns.lora_id, medium, ns.lora_name, salt,
+                                     None if extra is None else [extra] * len(run)))
     return 0

@@ -70,7 +70,8 @@ def _workload(tree: RadixTree, rng: np.random.Generator) -> list[Any]:
         events.append((result.existing_pages, result.inserted_pages))
         if step % 5 == 4:
             events += [(type(e).__name__, e.medium, list(e.block_hashes), e.parent_block_hash,
-                        list(np.asarray(e.token_ids)), e.cache_salt, e.lora_id)
+                        list(np.asarray(e.token_ids)), e.block_size, e.cache_salt, e.lora_id, e.lora_name,
+                        e.extra_keys)
                        for e in tree.recorder.take()]  # type: ignore[attr-defined]
     ledger = tree.ledger
     assert ledger is not None
@@ -96,4 +97,5 @@ def test_both_ways_leave_the_same_tree_counts_and_records() -> None:
             sides = [_workload(_tree(kind, recorder, quotas), np.random.default_rng(seed))
                      for kind, recorder in ((RadixTree, EventRecorder), (MethodTree, MethodRecorder))]
             assert sides[0] == sides[1], (seed, quotas)
-            assert any(x[0] == "BlockStored" for x in sides[0] if isinstance(x, tuple) and len(x) == 7)
+            stores = [x for x in sides[0] if isinstance(x, tuple) and len(x) == 10]
+            assert any(x[9] is not None for x in stores) and any(x[7] == 7 for x in stores)
