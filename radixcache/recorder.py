@@ -24,8 +24,8 @@ Recording is cheap on purpose: a store's record is its ``BlockStored``,
 built at once with the page ids as one int64 array (computed in one pass
 over the tokens, no Python int per page) and a read-only view of the
 tokens; ``take`` hands both over as arrays, and the publisher's thread
-builds their Python ints when it encodes them (``events.types``: a record's ``block_hashes`` is made a list
-when first read). A removed node's ids are not computed on the owner thread
+builds their Python ints when it encodes them (``events.types``: a
+record's ``block_hashes`` is made a list when first read). A removed node's ids are not computed on the owner thread
 at all: the removal keeps the node's tokens and the id they chain from, and
 its record's ids are ``DeferredIds``, computed by whoever reads them first.
 Consecutive removals on one medium become one record.

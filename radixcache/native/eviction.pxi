@@ -135,16 +135,23 @@ cdef object _drop(ev, Node node):
     return pages
 
 
-cdef int _sub_device(ledger, namespace, Py_ssize_t n) except -1:
-    """``TenantLedger.sub_device(namespace, n, True)`` (radixcache/tenants/ledger.py),
-    its tenant key looked up as ``key`` does (the method when it is not known yet)."""
+cdef object _tenant_key(ledger, namespace):
+    """``ledger.key(namespace)`` as a ``TenantLedger`` finds it (its cache,
+    the method when it is not known yet); ``_MISSING`` for a ledger of
+    another kind (no ``_keys`` dict), whose own methods the caller calls."""
     keys = getattr(ledger, "_keys", None)
-    if type(keys) is not dict:  # another ledger: its own method
+    if type(keys) is not dict:
+        return _MISSING
+    key = (<dict>keys).get(namespace, _MISSING)
+    return ledger.key(namespace) if key is _MISSING else key
+
+
+cdef int _sub_device(ledger, namespace, Py_ssize_t n) except -1:
+    """``TenantLedger.sub_device(namespace, n, True)`` (radixcache/tenants/ledger.py)."""
+    key = _tenant_key(ledger, namespace)
+    if key is _MISSING:  # another ledger: its own method
         ledger.sub_device(namespace, n, True)
         return 0
-    key = (<dict>keys).get(namespace, _MISSING)
-    if key is _MISSING:
-        key = ledger.key(namespace)
     _count_sub(ledger.device, key, n)
     if ledger.book is not None:
         _count_sub(ledger.evictable, key, n)
@@ -152,15 +159,11 @@ cdef int _sub_device(ledger, namespace, Py_ssize_t n) except -1:
 
 
 cdef int _add_device(ledger, namespace, Py_ssize_t n, bint evictable) except -1:
-    """``TenantLedger.add_device(namespace, n, evictable)`` (radixcache/tenants/ledger.py),
-    its tenant key looked up as ``key`` does (the method when it is not known yet)."""
-    keys = getattr(ledger, "_keys", None)
-    if type(keys) is not dict:  # another ledger: its own method
+    """``TenantLedger.add_device(namespace, n, evictable)`` (radixcache/tenants/ledger.py)."""
+    key = _tenant_key(ledger, namespace)
+    if key is _MISSING:  # another ledger: its own method
         ledger.add_device(namespace, n, evictable)
         return 0
-    key = (<dict>keys).get(namespace, _MISSING)
-    if key is _MISSING:
-        key = ledger.key(namespace)
     _count_sub(ledger.device, key, -n)
     if evictable and ledger.book is not None:
         _count_sub(ledger.evictable, key, -n)

@@ -34,17 +34,12 @@ cdef extern from *:
         }
     }
     """
-    uint64_t rc_fill_ids(const uint32_t* t, Py_ssize_t n, Py_ssize_t p, uint64_t prev,
-                         const uint64_t* k, int64_t* o) noexcept nogil
-
-
-cdef inline uint64_t _fill_ids(const uint32_t* t, Py_ssize_t n, Py_ssize_t page_size, uint64_t prev,
-                               const uint64_t* k, int64_t* o) noexcept nogil:
-    """The ids of the ``n`` pages at ``t`` chaining from ``prev`` into ``o``
-    (NULL: only the last is wanted); returns the last one (``prev`` when
-    ``n`` is 0). The multipliers are radixcache/keys/hashing.py's ``_B``
-    and ``_M``, the mask its ``ID_LIMIT - 1``."""
-    return rc_fill_ids(t, n, page_size, prev, k, o)
+    # ``_fill_ids``: the ids of the ``n`` pages at ``t`` chaining from ``prev``
+    # into ``o`` (NULL: only the last is wanted); returns the last one
+    # (``prev`` when ``n`` is 0). The multipliers are radixcache/keys/hashing.py's
+    # ``_B`` and ``_M``, the mask its ``ID_LIMIT - 1``.
+    uint64_t _fill_ids "rc_fill_ids"(const uint32_t* t, Py_ssize_t n, Py_ssize_t page_size, uint64_t prev,
+                                     const uint64_t* k, int64_t* o) noexcept nogil
 
 
 def block_ids(object tokens, Py_ssize_t page_size, uint64_t start, object lanes):
