@@ -126,7 +126,7 @@ class RadixCache(BulkCalls):
         ``priority``, CacheClosedError after ``close()``; nothing changed.
         """
         if self._refusal is not None:
-            raise self._closed_error()
+            raise CacheClosedError(self._refusal)
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
         if type(priority) is not int:
@@ -283,10 +283,7 @@ class RadixCache(BulkCalls):
         to another cache), TypeError for a non-request, CacheClosedError
         after ``close()``; nothing changed.
         """
-        # (``_check_live``'s tests and ``_bulk.end`` inline: a frame each, on every request)
-        if (self._refusal is not None or not isinstance(req, Request) or req.released
-                or self._live.get(req.rid) is not req):
-            self._check_live(req)
+        self._check_live(req)
         if req.pending:
             self.tiers.abandon(req)
         private = req.end(self.tree)
@@ -351,7 +348,7 @@ class RadixCache(BulkCalls):
         ``publisher.publish(cache.take_events())``. CacheClosedError after
         ``close()`` (take the last events before closing)."""
         if self._refusal is not None:
-            raise self._closed_error()
+            raise CacheClosedError(self._refusal)
         return self._recorder.take()
 
     def close(self) -> None:
@@ -389,14 +386,11 @@ class RadixCache(BulkCalls):
 
     def _check_open(self) -> None:
         if self._refusal is not None:
-            raise self._closed_error()
-
-    def _closed_error(self) -> CacheClosedError:
-        return CacheClosedError(self._refusal)
+            raise CacheClosedError(self._refusal)
 
     def _check_live(self, req: Request) -> None:
         if self._refusal is not None:
-            raise self._closed_error()
+            raise CacheClosedError(self._refusal)
         if not isinstance(req, Request):
             raise TypeError(f"expected a Request, got {type(req).__name__}")
         if req.released:
@@ -417,3 +411,9 @@ def _forked(cache: RadixCache) -> None:
     parent's; refuse every call (and make ``close`` touch nothing)."""
     if cache._refusal is None:
         cache._refusal = forked_message("this cache", cache._pid)
+
+
+if native_core is not None:  # the lifecycle's common case in C (radixcache/native/lifecycle.pxi)
+    (RadixCache.admit, RadixCache.reserve, RadixCache.commit, RadixCache.release,  # type: ignore[method-assign]
+     RadixCache.take_events) = native_core.bind_cache(  # type: ignore[method-assign]
+        RadixCache, Request, Namespace, DEFAULT_NAMESPACE, TenantLedger, TenantGate, EMPTY_PAGES)

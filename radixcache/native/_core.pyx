@@ -2,8 +2,9 @@
 """The compiled hot loops of the request path (see ``radixcache.native``).
 
 Each function here (and in the files it includes, ``buffers.pxi``,
-``pools.pxi``, ``victims.pxi``, ``eviction.pxi``, ``table.pxi``, ``ids.pxi``,
-``insert.pxi`` and ``kv.pxi``: one extension module) has a pure-Python reference of the
+``slots.pxi``, ``pools.pxi``, ``victims.pxi``, ``eviction.pxi``, ``table.pxi``,
+``ids.pxi``, ``insert.pxi``, ``lifecycle.pxi`` and ``kv.pxi``: one extension
+module) has a pure-Python reference of the
 same contract where it is used; the reference is what the tests hold this
 module to:
 
@@ -32,6 +33,13 @@ module to:
     pool_take       radixcache/transfer/allocator.py PageAllocator.allocate
     pool_give       radixcache/transfer/allocator.py PageAllocator.free
     append_pages    radixcache/request.py           Request._append_pages
+    new_request     radixcache/request.py           Request (its __init__)
+    new_stored      events/types.py                 BlockStored (its __init__)
+    cache_admit     radixcache/cache.py             RadixCache.admit (its common case)
+    cache_reserve   radixcache/cache.py             RadixCache.reserve (its common case)
+    cache_commit    radixcache/cache.py             RadixCache.commit and _insert (its common case)
+    cache_release   radixcache/cache.py             RadixCache.release (its common case)
+    cache_take_events radixcache/cache.py           RadixCache.take_events (nothing recorded)
     copy_sums       radixcache/offload/storage/kv_checksum.py copy_checksum
 
 Token and page-id arrays are int32 and C-contiguous (the tree only holds
@@ -199,6 +207,7 @@ cdef MatchResult _match_result(object device_len, object pages, object last, obj
 
 
 include "buffers.pxi"
+include "slots.pxi"
 
 
 cdef inline Py_ssize_t _common(object key, const int32_t* t, Py_ssize_t pos, Py_ssize_t n,
@@ -269,34 +278,6 @@ cpdef object concat_pages(list parts):
     return out
 
 
-# ---------------------------------------------------------------- tokens
-def owned_tokens(object tokens):
-    """A copy of a 1-D C-contiguous int32 token array, or None if an id is
-    negative; NotImplemented (nothing read) for any other buffer: the
-    caller's general path converts or refuses it."""
-    cdef Py_buffer sb, db
-    cdef Py_ssize_t i, n
-    cdef int32_t acc = 0, v
-    cdef const int32_t* s
-    cdef int32_t* d
-    if not _int32_buffer(tokens, &sb):
-        return NotImplemented
-    try:
-        n = sb.len // 4
-        out = _empty(n, _I32)
-        _write(out, &db)
-        s = <const int32_t*>sb.buf
-        d = <int32_t*>db.buf
-        for i in range(n):  # copy and check the sign in one pass
-            v = s[i]
-            d[i] = v
-            acc |= v
-        PyBuffer_Release(&db)
-    finally:
-        PyBuffer_Release(&sb)
-    return None if acc < 0 else out
-
-
 include "pools.pxi"
 include "table.pxi"
 
@@ -308,6 +289,11 @@ include "kv.pxi"
 # ---------------------------------------------------------------- the tree
 def match(tree, namespace, object tokens, object priority=0, Py_ssize_t end=-1):
     """``RadixTree.match`` (its arguments, then the walk below)."""
+    return _match(tree, namespace, tokens, priority, end)
+
+
+cdef MatchResult _match(tree, namespace, object tokens, object priority, Py_ssize_t end):
+    """``match``."""
     cdef Py_ssize_t p = tree.page_size
     cdef Py_ssize_t n = _len(tokens)
     if 0 <= end < n:
@@ -364,6 +350,11 @@ cdef MatchResult _walk(tree, Node root, object tokens, Py_ssize_t n, Py_ssize_t 
 
 def lock(tree, Node node):
     """``RadixTree.lock``."""
+    _lock(tree, node)
+
+
+cdef int _lock(tree, Node node) except -1:
+    """``lock``."""
     cdef set candidates = tree.eviction.candidates
     cdef Py_ssize_t locked = 0
     cdef Node n = node
@@ -376,10 +367,16 @@ def lock(tree, Node node):
         n = n.parent
     if locked:
         tree.evictable_pages -= locked
+    return 0
 
 
 def unlock(tree, Node node):
     """``RadixTree.unlock``."""
+    _unlock(tree, node)
+
+
+cdef int _unlock(tree, Node node) except -1:
+    """``unlock``."""
     cdef Py_ssize_t freed = 0
     cdef Node n = node
     if node.lock_ref <= 0:
@@ -396,11 +393,13 @@ def unlock(tree, Node node):
         n = n.parent
     if freed:
         tree.evictable_pages += freed
+    return 0
 
 
 include "victims.pxi"
 include "eviction.pxi"
 include "insert.pxi"
+include "lifecycle.pxi"
 
 
 # ---------------------------------------------------------------- namespaces

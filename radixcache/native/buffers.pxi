@@ -104,6 +104,20 @@ cdef inline bint _direct(object arr, Py_buffer* view, int flags, bint int32) noe
     return True
 
 
+cdef inline int _read_only(object arr) except -1:
+    """``arr.flags.writeable = False`` for a numpy view: the flag cleared in
+    the array's head (numpy's own ``PyArray_CLEARFLAGS``) for a plain array
+    that has no write-warning to settle, numpy's setter for anything else."""
+    cdef rc_array_head* h
+    if Py_TYPE(arr) is _NDARRAY:
+        h = <rc_array_head*><PyObject*>arr
+        if not (h.flags & _WARN_ON_WRITE):
+            h.flags &= ~_WRITEABLE
+            return 0
+    arr.flags.writeable = False
+    return 0
+
+
 cdef inline Py_ssize_t _len(object arr) except -1:
     """``len(arr)``, read from the head of a plain 1-D numpy array."""
     if Py_TYPE(arr) is _NDARRAY and (<rc_array_head*><PyObject*>arr).nd == 1:

@@ -30,11 +30,42 @@ def bind_lower(no_lower):
     _NO_LOWER = no_lower
 
 
+# ``BlockStored``'s slots in the order of its ``__init__``'s arguments (an
+# insert's store record is built through them: slots.pxi).
+STORED_SLOTS = ("_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+                "cache_salt", "extra_keys")
+cdef _Slots _STORED_AT = None
+
+
 def bind_recorder(recorder, removal, stored):
     """``EventRecorder`` and its records: ``_Removal`` (radixcache/recorder.py)
-    and ``BlockStored``, which a store's record is."""
-    global _RECORDER, _REMOVAL, _STORED
-    _RECORDER, _REMOVAL, _STORED = recorder, removal, stored
+    and ``BlockStored``, which a store's record is (TypeError when its slots
+    are not ``STORED_SLOTS``)."""
+    global _RECORDER, _REMOVAL, _STORED, _STORED_AT
+    at = _slots_of(stored, STORED_SLOTS)
+    _RECORDER, _REMOVAL, _STORED, _STORED_AT = recorder, removal, stored, at
+
+
+def new_stored(hashes, parent, token_ids, block_size, lora_id, medium, lora_name, salt, extra):
+    """``BlockStored(...)``, all nine arguments, as an insert's record is
+    built (tests hold it to the class's own)."""
+    return _new_stored(hashes, parent, token_ids, block_size, lora_id, medium, lora_name, salt, extra)
+
+
+cdef object _new_stored(hashes, parent, token_ids, block_size, lora_id, medium, lora_name, salt, extra):
+    """``BlockStored(hashes, parent, token_ids, ...)``, every argument given."""
+    cdef _Slots s = _STORED_AT
+    o = _alloc(s)
+    _put(o, s.at[0], hashes)
+    _put(o, s.at[1], parent)
+    _put(o, s.at[2], token_ids)
+    _put(o, s.at[3], block_size)
+    _put(o, s.at[4], lora_id)
+    _put(o, s.at[5], medium)
+    _put(o, s.at[6], lora_name)
+    _put(o, s.at[7], salt)
+    _put(o, s.at[8], extra)
+    return o
 
 
 cdef inline object _policy_key(policy, Node node):
@@ -97,12 +128,11 @@ cdef int _record_stored(recorder, Node node, Py_ssize_t start, Py_ssize_t count,
     parent, run = recorder.ids.run_ids(node, start, count)
     p = recorder.page_size
     key = node.key
-    tokens = key if start == 0 and count * p == _len(key) else key[start * p:(start + count) * p]
-    view = tokens.view()
-    view.flags.writeable = False
+    view = key.view() if start == 0 and count * p == _len(key) else key[start * p:(start + count) * p]
+    _read_only(view)
     ns = node.namespace
     fields = recorder._ns.get(ns)  # (``event_fields``'s cache, the method when it misses)
     salt, extra = recorder.event_fields(ns) if fields is None else fields
-    recorder._records.append(_STORED(run, parent, view, p, ns.lora_id, medium, ns.lora_name, salt,
-                                     None if extra is None else [extra] * len(run)))
+    recorder._records.append(_new_stored(run, parent, view, p, ns.lora_id, medium, ns.lora_name, salt,
+                                         None if extra is None else [extra] * len(run)))
     return 0
