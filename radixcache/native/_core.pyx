@@ -102,26 +102,7 @@ cdef class Node:
     cdef public bint forgotten
 
     def __init__(self, key, Node parent, namespace, uid):
-        self.key = key
-        self.device = None
-        self.host = None
-        self.stored = False
-        self.children = {}
-        self.parent = parent
-        self.namespace = namespace
-        self.lock_ref = 0
-        self.device_children = 0
-        self.last_access = uid
-        self.hit_count = 0
-        self.priority = 0
-        self.uid = uid
-        self.keys = None
-        self.id_pages = 0
-        self.last_id = 0
-        self.heap_seq = -1
-        self.holds = 0
-        self.loading = 0
-        self.forgotten = False
+        _init_node(self, key, parent, namespace, uid)
 
     @property
     def is_root(self):
@@ -193,6 +174,38 @@ cdef class InsertResult:
             f"last_node={self.last_node!r}, new_nodes={self.new_nodes!r}, "
             f"new_node_offsets={self.new_node_offsets!r}, inserted_pages={self.inserted_pages!r})"
         )
+
+
+cdef int _init_node(Node self, key, Node parent, namespace, uid) except -1:
+    """``Node.__init__``."""
+    self.key = key
+    self.device = None
+    self.host = None
+    self.stored = False
+    self.children = {}
+    self.parent = parent
+    self.namespace = namespace
+    self.lock_ref = 0
+    self.device_children = 0
+    self.last_access = uid
+    self.hit_count = 0
+    self.priority = 0
+    self.uid = uid
+    self.keys = None
+    self.id_pages = 0
+    self.last_id = 0
+    self.heap_seq = -1
+    self.holds = 0
+    self.loading = 0
+    self.forgotten = False
+    return 0
+
+
+cdef Node _new_node(key, Node parent, namespace, uid):
+    """``Node(key, parent, namespace, uid)`` without a call through the type."""
+    cdef Node n = Node.__new__(Node)
+    _init_node(n, key, parent, namespace, uid)
+    return n
 
 
 cdef MatchResult _match_result(object device_len, object pages, object last, object host_len, tuple host):
@@ -346,54 +359,6 @@ cdef MatchResult _walk(tree, Node root, object tokens, Py_ssize_t n, Py_ssize_t 
         PyBuffer_Release(&tb)
     return _match_result(device_len, concat_pages(parts) if parts else _NO_PAGES, last_device,
                          pos - device_len, tuple(host_nodes))
-
-
-def lock(tree, Node node):
-    """``RadixTree.lock``."""
-    _lock(tree, node)
-
-
-cdef int _lock(tree, Node node) except -1:
-    """``lock``."""
-    cdef set candidates = tree.eviction.candidates
-    cdef Py_ssize_t locked = 0
-    cdef Node n = node
-    while n is not None:
-        if n.lock_ref == 0:
-            if n.device is not None:
-                locked += _len(n.device)
-            candidates.discard(n)
-        n.lock_ref += 1
-        n = n.parent
-    if locked:
-        tree.evictable_pages -= locked
-    return 0
-
-
-def unlock(tree, Node node):
-    """``RadixTree.unlock``."""
-    _unlock(tree, node)
-
-
-cdef int _unlock(tree, Node node) except -1:
-    """``unlock``."""
-    cdef Py_ssize_t freed = 0
-    cdef Node n = node
-    if node.lock_ref <= 0:
-        raise ValueError(f"unlock of a node that is not locked: {node!r}")
-    update = None
-    while n is not None:
-        n.lock_ref -= 1
-        if n.lock_ref == 0 and n.device is not None:
-            freed += _len(n.device)
-            if n.device_children == 0 and n.parent is not None:  # (update's own first checks)
-                if update is None:
-                    update = tree.eviction.update
-                update(n)
-        n = n.parent
-    if freed:
-        tree.evictable_pages += freed
-    return 0
 
 
 include "victims.pxi"

@@ -1,6 +1,7 @@
 # Included in _core.pyx (one extension module, for the typed ``Node``): device
-# eviction. References: radixcache/tree/eviction.py, ``DeviceEviction.evict`` /
-# ``drop_device`` / ``update`` / ``push``.
+# eviction, and the locks that keep nodes from it. References:
+# radixcache/tree/eviction.py, ``DeviceEviction.evict`` / ``drop_device`` /
+# ``update`` / ``push``; radixcache/tree/radix_tree.py, ``RadixTree.lock`` / ``unlock``.
 
 cdef object _DEVICE_EVICTION = None  # DeviceEviction itself: its push and drop are the C ones here
 
@@ -195,4 +196,52 @@ cdef int _unlink(tree, removal, Node node) except -1:
             del roots[parent.namespace]
         elif parent in removal.detached:
             removal.detached.remove(parent)
+    return 0
+
+
+def lock(tree, Node node):
+    """``RadixTree.lock``."""
+    _lock(tree, node)
+
+
+cdef int _lock(tree, Node node) except -1:
+    """``lock``."""
+    cdef set candidates = tree.eviction.candidates
+    cdef Py_ssize_t locked = 0
+    cdef Node n = node
+    while n is not None:
+        if n.lock_ref == 0:
+            if n.device is not None:
+                locked += _len(n.device)
+            candidates.discard(n)
+        n.lock_ref += 1
+        n = n.parent
+    if locked:
+        tree.evictable_pages -= locked
+    return 0
+
+
+def unlock(tree, Node node):
+    """``RadixTree.unlock``."""
+    _unlock(tree, node)
+
+
+cdef int _unlock(tree, Node node) except -1:
+    """``unlock``."""
+    cdef Py_ssize_t freed = 0
+    cdef Node n = node
+    if node.lock_ref <= 0:
+        raise ValueError(f"unlock of a node that is not locked: {node!r}")
+    update = None
+    while n is not None:
+        n.lock_ref -= 1
+        if n.lock_ref == 0 and n.device is not None:
+            freed += _len(n.device)
+            if n.device_children == 0 and n.parent is not None:  # (update's own first checks)
+                if update is None:
+                    update = tree.eviction.update
+                update(n)
+        n = n.parent
+    if freed:
+        tree.evictable_pages += freed
     return 0

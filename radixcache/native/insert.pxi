@@ -160,7 +160,7 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
         offsets.append(pos // p)
         parts.append(_copy_range(pages, pos // p, total // p))
     elif pos < total:
-        leaf = Node(_copy_range(tokens, pos, total), node, namespace, tick)
+        leaf = _new_node(_copy_range(tokens, pos, total), node, namespace, tick)
         leaf.last_access = tick
         leaf.priority = priority
         node.children[key] = leaf

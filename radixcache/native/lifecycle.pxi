@@ -227,8 +227,9 @@ def cache_reserve(self, req, num_tokens):
     if target > <Py_ssize_t>_get(req, _R_RESERVED):
         p = self.page_size
         need = (target + p - 1) // p - <Py_ssize_t>_get(req, _R_NUM_PAGES)
-        if need > 0:  # ``req.add_pages(pages, target)``
-            append_pages(req, self._capacity.allocate(need))
+        if need > 0:  # ``req.add_pages(self._capacity.allocate(need), target)``
+            pages = self.pool.allocate(need)  # (the capacity's first step)
+            append_pages(req, self._capacity.allocate(need) if pages is None else pages)
         _set(req, _R_RESERVED, target)
     return _get(req, _R_PAGES)[:_get(req, _R_NUM_PAGES)]
 

@@ -134,14 +134,20 @@ tokens32 = st.lists(st.integers(0, 2**31 - 1), max_size=4 * 64).map(lambda v: np
 
 
 # (16, 32 and 64 have loops of their own in the core, every other size the general one)
+# (16 also has an AVX2 loop, used where the CPU has it; ``simd`` False runs the plain one)
 @settings(max_examples=300, deadline=None)
-@given(tokens32, st.sampled_from([1, 2, 4, 5, 16, 32, 64]), st.one_of(st.none(), st.integers(0, 2**63 - 1)))
-def test_block_ids_equal_the_definition(tokens: np.ndarray, p: int, parent: int | None) -> None:
+@given(tokens32, st.sampled_from([1, 2, 4, 5, 16, 32, 64]), st.one_of(st.none(), st.integers(0, 2**63 - 1)),
+       st.booleans())
+def test_block_ids_equal_the_definition(tokens: np.ndarray, p: int, parent: int | None, simd: bool) -> None:
     core = _core()
     tokens = tokens[: tokens.size - tokens.size % p]
     seed = 12345
     start = seed if parent is None else parent
-    got = core.block_ids(tokens, p, start, _TABLES.lane_weights(p))
+    try:
+        core.ids_simd(simd)
+        got = core.block_ids(tokens, p, start, _TABLES.lane_weights(p))
+    finally:
+        core.ids_simd(True)
     assert got.dtype == np.int64
     assert got.tolist() == vector_block_ids(tokens, p, start).tolist()
     assert got.tolist() == block_id_of_sequence(tokens, p, parent, seed)
@@ -268,9 +274,20 @@ def test_append_pages_equals_the_python_reference(data: st.DataObject) -> None:
     st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=5), min_size=1, max_size=8),
     st.lists(st.sampled_from(["none", "node", "last", "run", "start"]), min_size=8, max_size=8),
     st.randoms(use_true_random=False),
+    st.sampled_from([(4, True), (16, True), (16, False)]),
 )
-def test_event_ids_equal_the_python_reference(pages: list[list[int]], ask: list[str], rnd: Any) -> None:
+def test_event_ids_equal_the_python_reference(pages: list[list[int]], ask: list[str], rnd: Any,
+                                              size_simd: tuple[int, bool]) -> None:
     core = _core()
+    P, simd = size_simd  # (16 tokens a page: the AVX2 loop where the CPU has it, or the plain one)
+    core.ids_simd(simd)
+    try:
+        _event_ids_walk(core, pages, ask, rnd, P)
+    finally:
+        core.ids_simd(True)
+
+
+def _event_ids_walk(core: ModuleType, pages: list[list[int]], ask: list[str], rnd: Any, P: int) -> None:
     if native.COMPILED:  # (on the pure path the tree's nodes are Python ones: both sides are the reference)
         assert EventIds.node_ids is core.node_ids and EventIds.run_ids is core.run_ids
         assert EventIds.last_id is core.last_id and EventIds.chain_start is core.chain_start
@@ -278,18 +295,18 @@ def test_event_ids_equal_the_python_reference(pages: list[list[int]], ask: list[
     # walks this process runs (the compiled ones, unless RADIXCACHE_PURE is
     # set), one through the references, in lockstep; ids kept between
     # inserts get extended past and split by the later ones.
-    trees = [RadixTree(4, make_eviction_policy("lru")) for _ in range(2)]
-    sides = [(EventIds(4), EventIds.run_ids, EventIds.node_ids, EventIds.last_id, EventIds.chain_start),
-             (EventIds(4), run_ids_reference, node_ids_reference, last_id_reference, chain_start_reference)]
+    trees = [RadixTree(P, make_eviction_policy("lru")) for _ in range(2)]
+    sides = [(EventIds(P), EventIds.run_ids, EventIds.node_ids, EventIds.last_id, EventIds.chain_start),
+             (EventIds(P), run_ids_reference, node_ids_reference, last_id_reference, chain_start_reference)]
     start = 0
     for i, p in enumerate(pages):
-        tokens = np.repeat(np.asarray(p, np.int32), 4)
+        tokens = np.repeat(np.asarray(p, np.int32), P)
         ids = np.arange(start, start + len(p), dtype=np.int32)
         start += len(p)
         ends = [tree.insert(DEFAULT_NAMESPACE, tokens, ids).last_node for tree in trees]
         how = "node" if i == len(pages) - 1 else ask[i]
         while how != "none" and ends[0].parent is not None:
-            size = ends[0].key.size // 4
+            size = ends[0].key.size // P
             first = rnd.randrange(size)
             count = rnd.randrange(1, size - first + 1)
             got = []
