@@ -44,7 +44,7 @@ from radixcache.request import Request
 from radixcache.stats import CacheStats, Counters, snapshot
 from radixcache.tenants.api import Tenants
 from radixcache.tenants.gate import TenantGate
-from radixcache.tenants.ledger import TenantLedger
+from radixcache.tenants.ledger import TenantCounters, TenantLedger
 from radixcache.tenants.retention import Clock
 from radixcache.tenants.tags import TagBook
 from radixcache.tiers.config import TierStats
@@ -416,4 +416,5 @@ def _forked(cache: RadixCache) -> None:
 if native_core is not None:  # the lifecycle's common case in C (radixcache/native/lifecycle.pxi)
     (RadixCache.admit, RadixCache.reserve, RadixCache.commit, RadixCache.release,  # type: ignore[method-assign]
      RadixCache.take_events) = native_core.bind_cache(  # type: ignore[method-assign]
-        RadixCache, Request, Namespace, DEFAULT_NAMESPACE, TenantLedger, TenantGate, EMPTY_PAGES)
+        RadixCache, Request, Namespace, DEFAULT_NAMESPACE, TenantLedger, TenantGate, EMPTY_PAGES, Counters,
+        TenantCounters)

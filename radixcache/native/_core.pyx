@@ -305,8 +305,8 @@ def match(tree, namespace, object tokens, object priority=0, Py_ssize_t end=-1):
     return _match(tree, namespace, tokens, priority, end)
 
 
-cdef MatchResult _match(tree, namespace, object tokens, object priority, Py_ssize_t end):
-    """``match``."""
+cdef MatchResult _match(tree, namespace, object tokens, object priority, Py_ssize_t end, bint concat=True):
+    """``match`` (``concat``: see ``_walk``)."""
     cdef Py_ssize_t p = tree.page_size
     cdef Py_ssize_t n = _len(tokens)
     if 0 <= end < n:
@@ -314,15 +314,17 @@ cdef MatchResult _match(tree, namespace, object tokens, object priority, Py_ssiz
     n -= n % p
     root = tree._roots.get(namespace)
     if root is None or n == 0:
-        return _match_result(0, _NO_PAGES, None, 0, ())
+        return _match_result(0, _NO_PAGES if concat else [], None, 0, ())
     tick = tree.tick + 1
     tree.tick = tick
-    return _walk(tree, <Node?>root, tokens, n, p, priority, tick)
+    return _walk(tree, <Node?>root, tokens, n, p, priority, tick, concat)
 
 
 cdef MatchResult _walk(tree, Node root, object tokens, Py_ssize_t n, Py_ssize_t p, object priority,
-                       object tick):
-    """``RadixTree._walk``: the loop of ``match`` and its result (see there)."""
+                       object tick, bint concat=True):
+    """``RadixTree._walk``: the loop of ``match`` and its result (see there);
+    without ``concat`` the result's ``device_pages`` is the list of the
+    nodes' page arrays (for a caller that copies them where it wants them)."""
     cdef Py_buffer tb
     cdef Py_ssize_t pos = 0, device_len = 0, matched
     cdef const int32_t* t
@@ -357,8 +359,8 @@ cdef MatchResult _walk(tree, Node root, object tokens, Py_ssize_t n, Py_ssize_t 
             node = child
     finally:
         PyBuffer_Release(&tb)
-    return _match_result(device_len, concat_pages(parts) if parts else _NO_PAGES, last_device,
-                         pos - device_len, tuple(host_nodes))
+    return _match_result(device_len, (concat_pages(parts) if parts else _NO_PAGES) if concat else parts,
+                         last_device, pos - device_len, tuple(host_nodes))
 
 
 include "victims.pxi"

@@ -26,6 +26,13 @@ cdef enum:
     _R_PAGES, _R_NUM_PAGES, _R_SHARED_PAGES, _R_LOCKED_NODE, _R_RELEASED, _R_PENDING, _R_HIT_DEVICE,
     _R_HIT_HOST, _R_HIT_STORAGE, _R_FORGETS
 cdef _Slots _REQ = None  # Request's
+# The counters admission bumps: the cache's (radixcache/stats.py ``Counters``)
+# and the tenant's (radixcache/tenants/ledger.py ``TenantCounters``).
+cdef enum:
+    _C_REQUESTS, _C_PROMPT_TOKENS, _C_HIT_TOKENS, _C_HIT_PAGES
+cdef enum:
+    _T_REQUESTS, _T_PROMPT_TOKENS, _T_DEVICE_HIT_TOKENS
+cdef _Slots _COUNTERS = None, _TENANT_COUNTERS = None
 
 cdef object _ADMIT = None  # the Python methods (radixcache/cache.py), every other case
 cdef object _RESERVE = None
@@ -41,20 +48,25 @@ cdef object _LEDGER = None  # radixcache/tenants/ledger.py TenantLedger
 cdef object _EMPTY_TABLE = None  # radixcache/tree/node.py EMPTY_PAGES, a new handle's table
 
 
-def bind_cache(cache, request, namespace, default_namespace, ledger, gate, empty_pages):
+def bind_cache(cache, request, namespace, default_namespace, ledger, gate, empty_pages, counters,
+               tenant_counters):
     """``RadixCache`` (its Python ``admit``, ``reserve``, ``commit``,
     ``release`` and ``take_events``, kept for every case but the common
     one), ``Request``, ``Namespace`` and ``DEFAULT_NAMESPACE``,
-    ``TenantLedger``, ``TenantGate``, ``EMPTY_PAGES``; returns the compiled
+    ``TenantLedger``, ``TenantGate``, ``EMPTY_PAGES``, ``Counters`` and
+    ``TenantCounters``; returns the compiled
     methods to install on ``cache``, in that order (``reference_methods()``
     gives back the Python ones). Raises TypeError when ``Request``'s slots
     are not ``REQUEST_SLOTS``."""
     global _ADMIT, _RESERVE, _COMMIT, _RELEASE, _TAKE_EVENTS, _REQUEST, _NAMESPACE, _DEFAULT_NAMESPACE
-    global _LEDGER, _GATE, _EMPTY_TABLE, _REQ
+    global _LEDGER, _GATE, _EMPTY_TABLE, _REQ, _COUNTERS, _TENANT_COUNTERS
     if request.__bases__ != (object,):
         raise TypeError(f"{request.__name__}'s slots are not the ones the compiled core builds: "
                         f"it has bases {request.__bases__}")
-    _REQ = _slots_of(request, REQUEST_SLOTS)
+    req_slots = _slots_of(request, REQUEST_SLOTS)
+    cache_counts = _slots_of(counters, ("requests", "prompt_tokens", "hit_tokens", "hit_pages"), False)
+    tenant_counts = _slots_of(tenant_counters, ("requests", "prompt_tokens", "device_hit_tokens"), False)
+    _REQ, _COUNTERS, _TENANT_COUNTERS = req_slots, cache_counts, tenant_counts
     _ADMIT, _RESERVE, _COMMIT = cache.admit, cache.reserve, cache.commit
     _RELEASE, _TAKE_EVENTS = cache.release, cache.take_events
     _REQUEST, _NAMESPACE, _DEFAULT_NAMESPACE = request, namespace, default_namespace
@@ -158,15 +170,17 @@ def cache_admit(self, tokens, namespace=_MISSING, priority=0):
     req = _new_request(rid, namespace, arr, priority, 0)
     n = _len(arr)
     tree = self.tree
-    match = _match(tree, namespace, arr, priority, n - 1 if n else 0)
+    match = _match(tree, namespace, arr, priority, n - 1 if n else 0, False)  # (pages: the nodes' arrays)
     hit = match.device_len
+    pages = hit // self.page_size
     node = match.last_device_node
     if node is not None:  # ``req.admit_cached(tree, node, ...)``
         _lock(tree, <Node?>node)
         _set(req, _R_LOCKED_NODE, node)
-        if _len(match.device_pages):
-            append_pages(req, match.device_pages)
-        _set(req, _R_SHARED_PAGES, _get(req, _R_NUM_PAGES))
+        if pages:  # (the table ``_append_pages`` makes, the nodes' pages copied in)
+            _set(req, _R_PAGES, _table_of(match.device_pages, pages, n // 8))
+            _set(req, _R_NUM_PAGES, pages)
+        _set(req, _R_SHARED_PAGES, pages)
         _set(req, _R_CACHED_LEN, hit)
         _set(req, _R_NUM_COMPUTED, hit)
         _set(req, _R_RESERVED, hit)
@@ -174,18 +188,37 @@ def cache_admit(self, tokens, namespace=_MISSING, priority=0):
     self._next_rid = rid + 1
     self._live[rid] = req
     c = self.counters
-    c.requests += 1
-    c.prompt_tokens += n
-    c.hit_tokens += hit
-    c.hit_pages += _get(req, _R_NUM_PAGES)
+    _bump(_COUNTERS, c, _C_REQUESTS, 1)
+    _bump(_COUNTERS, c, _C_PROMPT_TOKENS, n)
+    _bump(_COUNTERS, c, _C_HIT_TOKENS, hit)
+    _bump(_COUNTERS, c, _C_HIT_PAGES, pages)
     ledger = self._ledger  # ``ledger.admitted(namespace, n, hit, hit)``:
     c = ledger._by_ns.get(namespace)
     if c is None:
         c = ledger.counters_of(namespace)
-    c.requests += 1
-    c.prompt_tokens += n
-    c.device_hit_tokens += hit
+    _bump(_TENANT_COUNTERS, c, _T_REQUESTS, 1)
+    _bump(_TENANT_COUNTERS, c, _T_PROMPT_TOKENS, n)
+    _bump(_TENANT_COUNTERS, c, _T_DEVICE_HIT_TOKENS, hit)
     return req
+
+
+cdef object _table_of(list parts, Py_ssize_t pages, Py_ssize_t room):
+    """A page table of ``max(pages, room)`` entries whose first ``pages``
+    are ``parts`` (int32 arrays) in order."""
+    cdef Py_buffer tb, pb
+    cdef Py_ssize_t at = 0
+    table = _empty(max(pages, room), _I32)
+    _write(table, &tb)
+    try:
+        for part in parts:
+            _read(part, &pb)
+            memcpy(<char*>tb.buf + at, pb.buf, pb.len)
+            at += pb.len
+            PyBuffer_Release(&pb)
+    finally:
+        PyBuffer_Release(&tb)
+    assert at == pages * 4, "the matched nodes' pages are not the match's length"
+    return table
 
 
 cdef bint _plain(cache) except -1:

@@ -33,10 +33,11 @@ cdef class _Slots:
     cdef Py_ssize_t at[_MAX_SLOTS]  # each field's offset in an instance
 
 
-cdef _Slots _slots_of(object cls, tuple names):
-    """``cls``'s slots, ``names`` being all of them (its bases' included);
-    TypeError for any other class (a ``__dict__``, a property, a slot not
-    named, a name not a slot)."""
+cdef _Slots _slots_of(object cls, tuple names, bint every=True):
+    """``cls``'s slots, ``names`` being all of them (its bases' included;
+    without ``every``, some of them: instances are then only read and
+    written here, never built); TypeError for any other class (a
+    ``__dict__``, a property, a slot not named, a name not a slot)."""
     cdef _Slots s = _Slots.__new__(_Slots)
     cdef PyMemberDescrObject* d
     cdef Py_ssize_t i
@@ -44,8 +45,8 @@ cdef _Slots _slots_of(object cls, tuple names):
     for k in cls.__mro__:
         slots = k.__dict__.get("__slots__", ())
         declared += [slots] if isinstance(slots, str) else list(slots)
-    if (cls.__dictoffset__ or sorted(declared) != sorted(names) or len(set(names)) != len(names)
-            or len(names) > _MAX_SLOTS):
+    if (cls.__dictoffset__ or len(set(names)) != len(names) or len(names) > _MAX_SLOTS
+            or (sorted(declared) != sorted(names) if every else not set(names) <= set(declared))):
         raise TypeError(f"{cls.__name__}'s slots ({tuple(declared)}) are not the ones the compiled core "
                         f"builds ({names})")
     for i, name in enumerate(names):
@@ -84,3 +85,14 @@ cdef inline object _field(_Slots s, object o, Py_ssize_t i):
     if v == NULL:
         raise AttributeError(f"'{s.cls.__name__}' object has no attribute '{s.names[i]}'")
     return <object>v
+
+
+cdef inline int _bump(_Slots s, object o, Py_ssize_t i, Py_ssize_t n) except -1:
+    """``o.<field i> += n`` (a counter): in the slot for an instance of
+    exactly ``s.cls``, through the attribute for anything else."""
+    if type(o) is s.cls:
+        _put(o, s.at[i], _field(s, o, i) + n)
+    else:
+        name = s.names[i]
+        setattr(o, name, getattr(o, name) + n)
+    return 0

@@ -26,7 +26,8 @@ from radixcache.native import compiled as native_core
 from radixcache.request import Request
 from radixcache.tenants import QuotaBook
 from radixcache.tenants.gate import TenantGate
-from radixcache.tenants.ledger import TenantLedger
+from radixcache.stats import Counters
+from radixcache.tenants.ledger import TenantCounters, TenantLedger
 from radixcache.tree.node import EMPTY_PAGES
 
 pytestmark = pytest.mark.skipif(native_core is None, reason="the compiled core is not in use here")
@@ -196,7 +197,10 @@ def test_binding_refuses_a_handle_class_of_other_slots() -> None:
     for cls in (Fewer, Renamed, Subclass):
         with pytest.raises(TypeError, match="slots"):
             native_core.bind_cache(RadixCache, cls, Namespace, DEFAULT_NAMESPACE, TenantLedger, TenantGate,
-                                   EMPTY_PAGES)
+                                   EMPTY_PAGES, Counters, TenantCounters)
+    with pytest.raises(TypeError, match="slots"):  # (a counter class without the counters it bumps)
+        native_core.bind_cache(RadixCache, Request, Namespace, DEFAULT_NAMESPACE, TenantLedger, TenantGate,
+                               EMPTY_PAGES, Fewer, TenantCounters)
     cache = _cache(False)  # nothing was rebound
     req = cache.admit(np.arange(9, dtype=np.int32))
     assert type(req) is Request
@@ -272,3 +276,25 @@ def test_the_compiled_store_record_is_the_python_one() -> None:
 
     with pytest.raises(TypeError, match="slots"):
         native_core.bind_recorder(object, object, Other)
+
+
+def test_counters_of_another_class_are_bumped_through_their_attributes() -> None:
+    """The admission bumps the exact counter classes in their slots, and any
+    other counters object (here a subclass) through its attributes."""
+
+    class MyCounters(Counters):
+        __slots__ = ()
+
+    cache = _cache(False)
+    cache.counters = MyCounters()
+    cache._capacity.counters = cache.counters
+    prompt = np.arange(3 * P + 1, dtype=np.int32)
+    for _ in range(2):
+        req = cache.admit(prompt)
+        cache.reserve(req, req.num_tokens - req.num_computed)
+        cache.commit(req, req.num_tokens - req.num_computed)
+        cache.release(req)
+    stats = cache.stats()
+    assert (stats.requests, stats.prompt_tokens, stats.hit_tokens, stats.hit_pages) == (2, 26, 12, 3)
+    tenant = cache._ledger.counters_of(DEFAULT_NAMESPACE)
+    assert (tenant.requests, tenant.prompt_tokens, tenant.device_hit_tokens) == (2, 26, 12)
