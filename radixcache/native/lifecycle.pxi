@@ -351,9 +351,19 @@ def cache_release(self, req):
 
 
 def cache_take_events(self):
-    """``RadixCache.take_events`` (see there)."""
+    """``RadixCache.take_events`` (see there): for an ``EventRecorder``
+    whose records since the last call are all ``BlockStored`` (inserts
+    only), those records, in order, as the list they were recorded in."""
+    cdef list records
     if self._refusal is None:
         recorder = self._recorder
-        if type(recorder) is _RECORDER and not recorder._records:
-            return []
+        if type(recorder) is _RECORDER:
+            records = recorder._records
+            if not records:
+                return []
+            for r in records:
+                if type(r) is not _STORED:
+                    return _TAKE_EVENTS(self)
+            recorder._records = []
+            return records
     return _TAKE_EVENTS(self)
