@@ -81,6 +81,12 @@ def insert(tree, namespace, object tokens, object pages, object priority=0):
         raise ValueError(f"insert takes whole pages: {total} tokens is not a multiple of {p}")
     if pages.size * p != total:
         raise ValueError(f"{total} tokens need {total // p} pages, got {pages.size}")
+    return _insert(tree, namespace, tokens, pages, priority, total)
+
+
+cdef InsertResult _insert(tree, namespace, object tokens, object pages, object priority, Py_ssize_t total):
+    """``insert`` after its checks, of the first ``total`` of ``tokens``
+    (whole pages) and the first ``total // page_size`` of ``pages``."""
     roots = tree._roots
     root = roots.get(namespace)
     if root is None:
@@ -89,22 +95,29 @@ def insert(tree, namespace, object tokens, object pages, object priority=0):
     tick = tree.tick + 1
     tree.tick = tick
     if type(tree) is _RADIX_TREE:
-        walked = insert_walk(tree, <Node?>root, namespace, tokens, pages, priority, tick)
-    else:
-        walked = tree._insert_walk(root, namespace, tokens, pages, priority, tick)
+        return _insert_walk(tree, <Node?>root, namespace, tokens, pages, priority, tick, total)
+    walked = tree._insert_walk(root, namespace, tokens[:total], pages[:total // tree.page_size], priority, tick)
     return InsertResult(*walked)
 
 
 def insert_walk(tree, Node root, namespace, object tokens, object pages, object priority, object tick):
     """``RadixTree._insert_walk``: the steps of ``insert`` below ``root``
     (``tokens`` and ``pages`` checked; any integer arrays); the fields of
-    its ``InsertResult``, in order. Splits and adoptions go through the
-    tree's own methods, as there; page attachment and the stores' event
-    records are those methods' bodies in C for the project's own tree and
-    recorder (``_attach``, ``_record_stored``), the methods for any other."""
+    its ``InsertResult``, in order."""
+    cdef InsertResult r = _insert_walk(tree, root, namespace, tokens, pages, priority, tick, len(tokens))
+    return r.existing_pages, r.device_parts, r.last_node, r.new_nodes, r.new_node_offsets, r.inserted_pages
+
+
+cdef InsertResult _insert_walk(tree, Node root, namespace, object tokens, object pages, object priority,
+                               object tick, Py_ssize_t total):
+    """``insert_walk`` of the first ``total`` tokens. Splits and adoptions go
+    through the tree's own methods, as there; page attachment and the
+    stores' event records are those methods' bodies in C for the project's
+    own tree and recorder (``_attach``, ``_record_stored``), the methods for
+    any other."""
     cdef Py_buffer tb
     cdef Py_ssize_t p = tree.page_size
-    cdef Py_ssize_t total, pos = 0, existing = 0, matched
+    cdef Py_ssize_t pos = 0, existing = 0, matched
     cdef const int32_t* t
     cdef Node node = root, child = None, leaf
     cdef list parts = [], new_nodes = [], offsets = []
@@ -119,7 +132,7 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
     tokens = _int32_view(tokens, &tb)
     try:
         t = <const int32_t*>tb.buf
-        total = tb.len // 4
+        assert total <= tb.len // 4
         while pos < total:
             key = PyBytes_FromStringAndSize(<char*>(t + pos), p * 4)
             found = node.children.get(key)
@@ -151,10 +164,10 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
         PyBuffer_Release(&tb)
     if pos < total and child is not None:
         # stopped at a node being loaded back: the rest stays with the caller
-        return existing, parts, node, new_nodes, offsets, pos // p
+        return _insert_result(existing, parts, node, new_nodes, offsets, pos // p)
     if pos < total and _can_extend(tree, node):
         old_pages = _len(node.key) // p
-        tree._extend_leaf(node, tokens[pos:], pages[pos // p:])
+        tree._extend_leaf(node, tokens[pos:total], pages[pos // p:total // p])
         _record_stored(recorder, node, old_pages, (total - pos) // p, GPU)
         new_nodes.append(node)
         offsets.append(pos // p)
@@ -171,4 +184,12 @@ def insert_walk(tree, Node root, namespace, object tokens, object pages, object 
         offsets.append(pos // p)
         parts.append(leaf.device)
         node = leaf
-    return existing, parts, node, new_nodes, offsets, total // p
+    return _insert_result(existing, parts, node, new_nodes, offsets, total // p)
+
+
+cdef InsertResult _insert_result(existing, list parts, last, list new_nodes, list offsets, inserted):
+    """``InsertResult(existing, parts, last, new_nodes, offsets, inserted)``."""
+    cdef InsertResult r = InsertResult.__new__(InsertResult)
+    r.existing_pages, r.device_parts, r.last_node = existing, parts, last
+    r.new_nodes, r.new_node_offsets, r.inserted_pages = new_nodes, offsets, inserted
+    return r

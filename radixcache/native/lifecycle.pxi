@@ -299,8 +299,8 @@ cdef int _insert_pages(cache, req, namespace, Py_ssize_t full, Py_ssize_t shared
     if node is not None:
         _unlock(tree, <Node?>node)
         _set(req, _R_LOCKED_NODE, None)
-    table = _get(req, _R_PAGES)
-    result = insert(tree, namespace, _get(req, _R_TOKENS)[:full * p], table[:full], _get(req, _R_PRIORITY))
+    table = _get(req, _R_PAGES)  # (the first ``full`` pages and their tokens: ``req.first_pages``)
+    result = _insert(tree, namespace, _get(req, _R_TOKENS), table, _get(req, _R_PRIORITY), full * p)
     inserted = result.inserted_pages
     dup_to = max(<Py_ssize_t>result.existing_pages, shared)
     dup = None
