@@ -147,6 +147,8 @@ class BlockStored(_Blocks):
     always reads as a list.
     """
 
+    # (radixcache's compiled core builds an insert's record through these
+    # slots: ``STORED_SLOTS`` of radixcache/native/victims.pxi.)
     __slots__ = ("parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
                  "cache_salt", "extra_keys")
     __match_args__ = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",

@@ -78,6 +78,8 @@ class Request:
     the methods below, each of which keeps the layout above consistent.
     """
 
+    # (The compiled core builds and reads handles through these slots, in
+    # this order: ``REQUEST_SLOTS`` of radixcache/native/lifecycle.pxi.)
     __slots__ = (
         "rid",
         "namespace",
