@@ -71,7 +71,10 @@ def bind_cache(cache, request, namespace, default_namespace, ledger, gate, empty
     _RELEASE, _TAKE_EVENTS = cache.release, cache.take_events
     _REQUEST, _NAMESPACE, _DEFAULT_NAMESPACE = request, namespace, default_namespace
     _LEDGER, _GATE, _EMPTY_TABLE = ledger, gate, empty_pages
-    return cache_admit, cache_reserve, cache_commit, cache_release, cache_take_events
+    compiled = (cache_admit, cache_reserve, cache_commit, cache_release, cache_take_events)
+    for fn, method in zip(compiled, reference_methods()):  # (help() and signatures: the methods')
+        fn.__doc__, fn.__wrapped__ = method.__doc__, method
+    return compiled
 
 
 def reference_methods():

@@ -9,6 +9,7 @@ released handles)."""
 from __future__ import annotations
 
 import gc
+import inspect
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -163,6 +164,11 @@ def test_the_installed_methods_are_the_compiled_ones() -> None:
     python = native_core.reference_methods()
     assert [(f.__module__, f.__name__) for f in python] == [
         ("radixcache.cache", name) for name in ("admit", "reserve", "commit", "release", "take_events")]
+    for fn, method in zip(installed, python):  # what help() and inspect show: the methods' own
+        assert fn.__doc__ == method.__doc__ and inspect.signature(fn) == inspect.signature(method)
+    admit = inspect.signature(RadixCache.admit).parameters
+    assert list(admit) == ["self", "tokens", "namespace", "priority"]
+    assert admit["namespace"].default is DEFAULT_NAMESPACE and admit["priority"].default == 0
 
 
 def test_the_compiled_handle_has_every_field_of_the_python_one() -> None:
