@@ -121,6 +121,8 @@ cdef object _new_request(object rid, object namespace, object tokens, object pri
 def new_request(rid, namespace, tokens, priority, forgets=0):
     """``Request(rid, namespace, tokens, priority, forgets)`` as the
     compiled admission builds it (tests hold it to the class's own)."""
+    if _REQ is None:
+        raise RuntimeError("bind_cache() has not run: the compiled core is not in use in this process")
     return _new_request(rid, namespace, tokens, priority, forgets)
 
 

@@ -49,6 +49,8 @@ def bind_recorder(recorder, removal, stored):
 def new_stored(hashes, parent, token_ids, block_size, lora_id, medium, lora_name, salt, extra):
     """``BlockStored(...)``, all nine arguments, as an insert's record is
     built (tests hold it to the class's own)."""
+    if _STORED_AT is None:
+        raise RuntimeError("bind_recorder() has not run: the compiled core is not in use in this process")
     return _new_stored(hashes, parent, token_ids, block_size, lora_id, medium, lora_name, salt, extra)
 
 
