@@ -272,22 +272,36 @@ cdef object _first_page(object tokens, Py_ssize_t pos, Py_ssize_t page_size):
 
 cpdef object concat_pages(list parts):
     """The page ids of ``parts``, in order, as one new int32 array."""
-    cdef Py_ssize_t total = 0, at = 0
-    cdef Py_buffer pb, ob
+    cdef Py_ssize_t total = 0
     for part in parts:
         total += _len(part)
-    out = _empty(total, _I32)
+    return _concat(parts, total, total)
+
+
+cdef object _concat(list parts, Py_ssize_t total, Py_ssize_t size):
+    """A new int32 array of ``size`` entries whose first ``total`` are the
+    page ids of ``parts`` in order (``total``: their count; ValueError,
+    nothing written past the array, when it is not)."""
+    cdef Py_ssize_t at = 0
+    cdef Py_buffer pb, ob
+    out = _empty(size, _I32)
     if total == 0:
         return out
     _write(out, &ob)
     try:
         for part in parts:
             _read(part, &pb)
-            memcpy(<char*>ob.buf + at, pb.buf, pb.len)
+            try:
+                if at + pb.len > total * 4:
+                    raise ValueError(f"the parts hold more than {total} page ids")
+                memcpy(<char*>ob.buf + at, pb.buf, pb.len)
+            finally:
+                PyBuffer_Release(&pb)
             at += pb.len
-            PyBuffer_Release(&pb)
     finally:
         PyBuffer_Release(&ob)
+    if at != total * 4:
+        raise ValueError(f"the parts hold {at // 4} page ids, not {total}")
     return out
 
 

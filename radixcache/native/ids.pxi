@@ -15,13 +15,18 @@ cdef extern from *:
     #include <stdint.h>
     #include <stddef.h>
 
+    /* The id of a page whose token x weight sum is x, chained from prev. */
+    static inline __attribute__((always_inline)) uint64_t rc_ids_step(uint64_t prev, uint64_t x) {
+        x ^= x >> 29;
+        return (0x9E3779B97F4A7C15ULL * prev + 0xBF58476D1CE4E5B9ULL * x) & 0x7FFFFFFFFFFFFFFFULL;
+    }
+
     static inline __attribute__((always_inline)) uint64_t rc_ids_loop(
             const uint32_t* t, ptrdiff_t n, ptrdiff_t p, uint64_t prev, const uint64_t* k, int64_t* o) {
         for (ptrdiff_t i = 0; i < n; i++) {
             uint64_t x = 0;
             for (ptrdiff_t j = 0; j < p; j++) x += (uint64_t)t[i * p + j] * k[j];
-            x ^= x >> 29;
-            prev = (0x9E3779B97F4A7C15ULL * prev + 0xBF58476D1CE4E5B9ULL * x) & 0x7FFFFFFFFFFFFFFFULL;
+            prev = rc_ids_step(prev, x);
             if (o) o[i] = (int64_t)prev;
         }
         return prev;
@@ -48,10 +53,6 @@ cdef extern from *:
             const uint32_t* q, __m256i h0, __m256i h1) {
         return _mm256_add_epi32(_mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)q), h0),
                                 _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(q + 8)), h1));
-    }
-    static inline __attribute__((always_inline)) uint64_t rc_ids_step(uint64_t prev, uint64_t x) {
-        x ^= x >> 29;
-        return (0x9E3779B97F4A7C15ULL * prev + 0xBF58476D1CE4E5B9ULL * x) & 0x7FFFFFFFFFFFFFFFULL;
     }
     static __attribute__((target("avx2"))) uint64_t rc_ids16_avx2(
             const uint32_t* t, ptrdiff_t n, uint64_t prev, const uint64_t* k, int64_t* o) {
@@ -82,13 +83,7 @@ cdef extern from *:
                 if (o) o[i + j] = (int64_t)prev;
             }
         }
-        for (; i < n; i++) {  /* the last pages, one at a time */
-            uint64_t x = 0;
-            for (int j = 0; j < 16; j++) x += (uint64_t)t[i * 16 + j] * k[j];
-            prev = rc_ids_step(prev, x);
-            if (o) o[i] = (int64_t)prev;
-        }
-        return prev;
+        return rc_ids_loop(t + i * 16, n - i, 16, prev, k, o ? o + i : NULL);  /* the last pages */
     }
     static int rc_avx2 = -1;  /* -1: not asked yet; 0: off (no AVX2, or switched off) */
     static inline int rc_use_avx2(void) {

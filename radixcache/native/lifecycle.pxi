@@ -165,8 +165,7 @@ def cache_admit(self, tokens, namespace=_MISSING, priority=0):
     if namespace is _MISSING:
         namespace = _DEFAULT_NAMESPACE
     if (type(tokens) is not np.ndarray or type(namespace) is not _NAMESPACE or type(priority) is not int
-            or self._refusal is not None or self._tiered or self._retention is not None
-            or self._forgets or namespace.tags or not _plain(self)):
+            or namespace.tags or not _device_only(self)):
         return _ADMIT(self, tokens, namespace, priority)
     arr = _owned_tokens(tokens)
     if arr is None or arr is NotImplemented:  # a negative id, or not a plain int32 array
@@ -183,7 +182,7 @@ def cache_admit(self, tokens, namespace=_MISSING, priority=0):
         _lock(tree, <Node?>node)
         _set(req, _R_LOCKED_NODE, node)
         if pages:  # (the table ``_append_pages`` makes, the nodes' pages copied in)
-            _set(req, _R_PAGES, _table_of(match.device_pages, pages, n // 8))
+            _set(req, _R_PAGES, _concat(match.device_pages, pages, max(pages, n // 8)))
             _set(req, _R_NUM_PAGES, pages)
         _set(req, _R_SHARED_PAGES, pages)
         _set(req, _R_CACHED_LEN, hit)
@@ -207,41 +206,31 @@ def cache_admit(self, tokens, namespace=_MISSING, priority=0):
     return req
 
 
-cdef object _table_of(list parts, Py_ssize_t pages, Py_ssize_t room):
-    """A page table of ``max(pages, room)`` entries whose first ``pages``
-    are ``parts`` (int32 arrays) in order."""
-    cdef Py_buffer tb, pb
-    cdef Py_ssize_t at = 0
-    table = _empty(max(pages, room), _I32)
-    _write(table, &tb)
-    try:
-        for part in parts:
-            _read(part, &pb)
-            memcpy(<char*>tb.buf + at, pb.buf, pb.len)
-            at += pb.len
-            PyBuffer_Release(&pb)
-    finally:
-        PyBuffer_Release(&tb)
-    assert at == pages * 4, "the matched nodes' pages are not the match's length"
-    return table
-
-
 cdef bint _plain(cache) except -1:
-    """The cache's tree is a ``RadixTree`` and its ledger a ``TenantLedger``
-    without quotas: the tree's own lock and unlock are the compiled ones
-    (quotas give the tree counting ones, radixcache/tenants/device.py)."""
+    """The cache is open, its tree a ``RadixTree`` and its ledger a
+    ``TenantLedger`` without quotas: the tree's own lock and unlock are the
+    compiled ones (quotas give the tree counting ones,
+    radixcache/tenants/device.py)."""
     ledger = cache._ledger
-    return type(cache.tree) is _RADIX_TREE and type(ledger) is _LEDGER and ledger.book is None
+    return (cache._refusal is None and type(cache.tree) is _RADIX_TREE and type(ledger) is _LEDGER
+            and ledger.book is None)
+
+
+cdef bint _device_only(cache) except -1:
+    """``_plain``, with no tiers, no retention and no namespace forgotten."""
+    return not cache._tiered and cache._retention is None and not cache._forgets and _plain(cache)
+
+
+cdef bint _live_handle(cache, req) except -1:
+    """``req`` is of exactly ``Request``, live in ``cache``, no load pending."""
+    return (type(req) is _REQUEST and _get(req, _R_RELEASED) is False and not _get(req, _R_PENDING)
+            and cache._live.get(_get(req, _R_RID)) is req)
 
 
 cdef bint _steady(cache, req) except -1:
-    """The common case of a call on a live handle: ``req`` of exactly
-    ``Request``, live in ``cache`` (open, device-only, no retention, no
-    namespace forgotten, ``_plain``), no load pending."""
-    return (type(req) is _REQUEST and cache._refusal is None and not cache._tiered
-            and cache._retention is None and not cache._forgets and _plain(cache)
-            and _get(req, _R_RELEASED) is False and not _get(req, _R_PENDING)
-            and cache._live.get(_get(req, _R_RID)) is req)
+    """The common case of a call on a live handle: ``_device_only`` and
+    ``_live_handle``."""
+    return _device_only(cache) and _live_handle(cache, req)
 
 
 cdef int _serving(cache, namespace) except -1:
@@ -266,8 +255,7 @@ def cache_reserve(self, req, num_tokens):
         p = self.page_size
         need = (target + p - 1) // p - <Py_ssize_t>_get(req, _R_NUM_PAGES)
         if need > 0:  # ``req.add_pages(self._capacity.allocate(need), target)``
-            pages = self.pool.allocate(need)  # (the capacity's first step)
-            append_pages(req, self._capacity.allocate(need) if pages is None else pages)
+            append_pages(req, self._capacity.allocate(need))
         _set(req, _R_RESERVED, target)
     return _get(req, _R_PAGES)[:_get(req, _R_NUM_PAGES)]
 
@@ -334,9 +322,7 @@ cdef int _insert_pages(cache, req, namespace, Py_ssize_t full, Py_ssize_t shared
 def cache_release(self, req):
     """``RadixCache.release`` (see there)."""
     cdef Py_ssize_t shared, num
-    if (type(req) is not _REQUEST or self._refusal is not None or not _plain(self)
-            or _get(req, _R_RELEASED) is not False or _get(req, _R_PENDING)
-            or self._live.get(_get(req, _R_RID)) is not req):
+    if not (_plain(self) and _live_handle(self, req)):  # (tiers need no call without a pending load)
         return _RELEASE(self, req)
     tree = self.tree
     node = _get(req, _R_LOCKED_NODE)  # ``req.end(tree)``
